@@ -1,0 +1,26 @@
+"""collectives: every torch.distributed collective, built from point-to-point messages.
+
+Same names and signatures as ``torch.distributed``, so any call can be swapped
+for the built-in and back::
+
+    import collectives as dist_ours
+    dist_ours.all_reduce(t)                 # ours, default algorithm
+    dist_ours.all_reduce(t, algorithm="ring")
+    torch.distributed.all_reduce(t)         # the built-in
+
+``ALGORITHMS`` lists every name ``algorithm=`` accepts, per collective.
+"""
+from torch.distributed import ReduceOp
+
+from .algorithms import ALGORITHMS
+from .api import (all_gather, all_reduce, all_to_all, barrier, broadcast, gather, reduce,
+                  reduce_scatter, scatter)
+from .debug import DesyncError
+from .engine import Work
+from .p2p_communications import CollectiveError, CollectiveTimeout, count_traffic, trace
+
+__all__ = [
+    "ALGORITHMS", "ReduceOp", "Work", "CollectiveError", "CollectiveTimeout", "DesyncError",
+    "all_gather", "all_reduce", "all_to_all", "barrier", "broadcast", "gather", "reduce",
+    "reduce_scatter", "scatter", "count_traffic", "trace",
+]

@@ -1,0 +1,45 @@
+"""Small helpers shared by several algorithms.
+
+Power-of-two algorithms (recursive doubling, recursive halving, Rabenseifner)
+run on a group of any size N through the standard *fold* (Thakur, Rabenseifner
+and Gropp, 2005): let P be the largest power of two <= N and E = N - P. Among
+ranks 0..2E-1 the even rank of each pair (2i, 2i+1) hands its data to the odd
+one and sits the power-of-two phase out; the other P ranks take virtual ranks
+0..P-1; at the end each odd rank hands the result back to its even partner.
+"""
+
+
+def fold(n):
+    """Return (P, E): the power of two the fold leaves, and how many ranks sit out."""
+    p = 1 << (n.bit_length() - 1)
+    return p, n - p
+
+
+def virtual_rank(rank, extra):
+    """Virtual rank of ``rank`` after the fold, or None if it sits out."""
+    if rank < 2 * extra:
+        return rank // 2 if rank % 2 else None
+    return rank - extra
+
+
+def real_rank(vrank, extra):
+    """Inverse of :func:`virtual_rank`."""
+    return 2 * vrank + 1 if vrank < extra else vrank + extra
+
+
+def first_real_rank(vrank, extra):
+    """Lowest real rank whose data virtual rank ``vrank`` stands for."""
+    return 2 * vrank if vrank < extra else vrank + extra
+
+
+def split_bounds(numel, parts):
+    """Offsets of ``tensor_split(parts)``: part i is [bounds[i], bounds[i+1])."""
+    base, rem = divmod(numel, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < rem else 0))
+    return bounds
+
+
+def ceil_log2(n):
+    return (n - 1).bit_length()

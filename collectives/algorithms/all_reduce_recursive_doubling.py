@@ -1,0 +1,59 @@
+"""all_reduce, recursive doubling.
+
+Semantics: every rank ends with ``op`` over all ranks' tensors, bitwise equal.
+
+Communication steps: log2(N) for a power of two; log2(P) + 2 otherwise
+  (P = largest power of two <= N)
+Messages each rank sends: log2(N), each S bytes
+Bytes each rank sends: log2(N) * S  (few steps, many bytes: the small-message choice)
+
+Steps:
+  1. Fold (only if N is not a power of two): each of the first N-P even ranks
+     sends its tensor to its odd neighbour, which combines it (see ``_util``).
+  2. For mask = 1, 2, 4, ..., P/2: exchange the whole tensor with virtual rank
+     ``v XOR mask`` and combine. After step k each rank holds the reduction of
+     a block of 2^(k+1) ranks; both partners compute a op b and b op a, which
+     are the same bits because +, *, min, max are commutative.
+  3. Unfold: each odd rank sends the result back to its even neighbour.
+
+Worked example, N=4, SUM, rank r starts with x_r:
+
+  step | pairs          | after the step
+  -----+----------------+---------------------------------------------
+    0  | 0-1, 2-3       | r0, r1: x0+x1      r2, r3: x2+x3
+    1  | 0-2, 1-3       | all: (x0+x1) + (x2+x3)
+
+Reference: Thakur, Rabenseifner and Gropp, "Optimization of Collective
+Communication Operations in MPICH", IJHPCA 2005.
+"""
+from ._util import fold, real_rank, virtual_rank
+
+
+def all_reduce(comm, tensor, op):
+    n, r = comm.size, comm.rank
+    p, extra = fold(n)
+    inbox = tensor.new_empty(tensor.shape)
+    v = virtual_rank(r, extra)
+    step = 0
+    if extra:
+        if v is None:
+            comm.send(tensor, r + 1, step)
+        elif r < 2 * extra:
+            comm.recv(inbox, r - 1, step)
+            op.combine(tensor, inbox)
+        step += 1
+    if v is not None:
+        mask = 1
+        while mask < p:
+            partner = real_rank(v ^ mask, extra)
+            comm.sendrecv(tensor, partner, inbox, partner, step)
+            op.combine(tensor, inbox)
+            mask <<= 1
+            step += 1
+    else:
+        step += p.bit_length() - 1
+    if extra:
+        if v is None:
+            comm.recv(tensor, r + 1, step)
+        elif r < 2 * extra:
+            comm.send(tensor, r - 1, step)

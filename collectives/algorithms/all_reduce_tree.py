@@ -1,0 +1,35 @@
+"""all_reduce, tree: binomial-tree reduce to rank 0, then binomial-tree broadcast.
+
+Semantics: every rank ends with ``op`` over all ranks' tensors, bitwise equal
+(one rank computes the result, the broadcast copies its bits).
+
+Communication steps: 2 ceil(log2 N)
+Messages each rank sends: at most 1 + ceil(log2 N), each S bytes
+Bytes each rank sends: rank 0 sends ceil(log2 N) * S in the broadcast; every
+  other rank S in the reduce plus S per child in the broadcast
+
+Steps:
+  1. ``reduce_binomial_tree`` to group rank 0 (ceil(log2 N) steps).
+  2. ``broadcast_binomial_tree`` from group rank 0 (ceil(log2 N) steps).
+
+Worked example, N=4, SUM, rank r holds x_r:
+
+  step | messages
+  -----+---------------------------------------
+    0  | 1 -> 0, 3 -> 2       (reduce)
+    1  | 2 -> 0               (reduce: r0 has the sum)
+    2  | 0 -> 2               (broadcast)
+    3  | 0 -> 1, 2 -> 3       (broadcast)
+
+Few, whole-tensor messages: good for small tensors at scale, poor for large
+ones, where the ring's S/N pieces win. (NCCL's tree all-reduce pipelines
+chunks through two trees; this is the plain textbook form.)
+"""
+from ._util import ceil_log2
+from .broadcast_binomial_tree import broadcast
+from .reduce_binomial_tree import reduce
+
+
+def all_reduce(comm, tensor, op):
+    reduce(comm, tensor, 0, op)
+    broadcast(comm, tensor, 0, step0=ceil_log2(comm.size))

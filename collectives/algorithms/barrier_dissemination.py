@@ -1,0 +1,36 @@
+"""barrier, dissemination.
+
+Semantics: no rank leaves the barrier before every rank of the group has entered it.
+
+Communication steps: ceil(log2 N)
+Messages each rank sends: ceil(log2 N), each 1 byte
+
+Steps:
+  1. For k = 0, 1, ..., ceil(log2 N) - 1: send a token to rank (r + 2^k) mod N
+     and wait for the token from rank (r - 2^k) mod N.
+  After step k a rank has heard, directly or through others, from the 2^(k+1)
+  ranks before it; after the last step it has heard from all N.
+
+Worked example, N=4:
+
+  step | messages
+  -----+-----------------------------------------
+    0  | 0->1, 1->2, 2->3, 3->0
+    1  | 0->2, 1->3, 2->0, 3->1
+  rank 0 has heard from 3 (step 0), 2 (step 1, which had heard from 1): all.
+
+Reference: Hensgen, Finkel and Manber, "Two algorithms for barrier
+synchronization", IJPP 1988.
+"""
+import torch
+
+
+def barrier(comm):
+    n, r = comm.size, comm.rank
+    token, inbox = torch.ones(1, dtype=torch.uint8), torch.empty(1, dtype=torch.uint8)
+    if comm.nccl:
+        token, inbox = token.cuda(), inbox.cuda()
+    distance, step = 1, 0
+    while distance < n:
+        comm.sendrecv(token, (r + distance) % n, inbox, (r - distance) % n, step)
+        distance, step = distance << 1, step + 1

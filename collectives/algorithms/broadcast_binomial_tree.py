@@ -1,0 +1,45 @@
+"""broadcast, binomial tree.
+
+Semantics: every rank's ``tensor`` ends equal to the root's.
+
+Communication steps: ceil(log2 N)
+Messages: N-1 in all; the root sends ceil(log2 N), each S bytes
+Bytes each rank sends: at most ceil(log2 N) * S (the root); leaves send nothing
+
+Steps (relative rank v = (rank - root) mod N, L = ceil(log2 N)):
+  1. A rank with v > 0 receives from its parent v - lowbit(v), where lowbit(v)
+     is v's lowest set bit.
+  2. It then sends to children v + m for m = lowbit(v)/2, lowbit(v)/4, ..., 1
+     (the root: m = 2^(L-1), ..., 1), farthest first. The message from v to
+     v + m travels in step L-1-log2(m), so the number of ranks holding the
+     data doubles every step.
+
+Worked example, N=4, root 0 holds x:
+
+  step | messages
+  -----+--------------------
+    0  | 0 -> 2
+    1  | 0 -> 1, 2 -> 3
+
+Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005, section 3 (MPICH's
+short-message broadcast).
+"""
+from ._util import ceil_log2
+
+
+def broadcast(comm, tensor, root, step0=0):
+    n = comm.size
+    v = (comm.rank - root) % n
+    levels = ceil_log2(n)
+    mask = 1
+    while mask < n:
+        if v & mask:
+            parent = (v - mask + root) % n
+            comm.recv(tensor, parent, step0 + levels - 1 - (mask.bit_length() - 1))
+            break
+        mask <<= 1
+    mask >>= 1
+    while mask:
+        if v + mask < n:
+            comm.send(tensor, (v + mask + root) % n, step0 + levels - 1 - (mask.bit_length() - 1))
+        mask >>= 1

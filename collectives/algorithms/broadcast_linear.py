@@ -1,0 +1,28 @@
+"""broadcast, linear: the root sends the whole tensor to every other rank.
+
+Semantics: every rank's ``tensor`` ends equal to the root's.
+
+Communication steps: 1 (the root posts all N-1 sends at once)
+Messages the root sends: N-1, each S bytes; every other rank receives one
+Bytes the root sends: (N-1) * S; other ranks send nothing
+
+Steps:
+  1. The root posts a send of the tensor to each other rank, then waits for all.
+  2. Every other rank receives the tensor from the root.
+
+Worked example, N=4, root 0 holds x:
+
+  step | rank 0             | rank 1    | rank 2    | rank 3
+  -----+--------------------+-----------+-----------+----------
+    0  | x -> 1, 2, 3       | x <- 0    | x <- 0    | x <- 0
+
+The root's link carries everything: time grows like (N-1) * S. The tree and
+pipeline broadcasts exist to take that load off the root.
+"""
+
+
+def broadcast(comm, tensor, root):
+    if comm.rank == root:
+        comm.exchange(0, sends=[(tensor, peer) for peer in range(comm.size) if peer != root])
+    else:
+        comm.recv(tensor, root, 0)

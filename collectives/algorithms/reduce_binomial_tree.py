@@ -1,0 +1,45 @@
+"""reduce, binomial tree.
+
+Semantics: the root's ``tensor`` ends as ``op`` over all ranks' tensors;
+other ranks' tensors are unchanged.
+
+Communication steps: ceil(log2 N)
+Messages each rank sends: 1 (the root: 0), each S bytes
+Bytes each rank sends: S; a rank receives one S per child (at most ceil(log2 N))
+
+Steps (relative rank v = (rank - root) mod N):
+  1. For mask = 1, 2, 4, ...: if v has bit ``mask`` set, send the partial
+     result to v - mask and stop; otherwise, if v + mask < N, receive the
+     partial result of the subtree at v + mask and combine it.
+  The binomial broadcast run backwards: the number of ranks still holding
+  partial results halves every step.
+
+Worked example, N=4, root 0, SUM, rank r holds x_r:
+
+  step | messages          | after the step
+  -----+-------------------+---------------------------
+    0  | 1 -> 0, 3 -> 2    | r0: x0+x1, r2: x2+x3
+    1  | 2 -> 0            | r0: (x0+x1) + (x2+x3)
+
+Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005 (MPICH short-message reduce).
+"""
+
+
+def reduce(comm, tensor, root, op, step0=0):
+    n = comm.size
+    v = (comm.rank - root) % n
+    acc = tensor
+    inbox = None
+    mask, step = 1, step0
+    while mask < n:
+        if v & mask:
+            comm.send(acc, (v - mask + root) % n, step)
+            return
+        if v + mask < n:
+            if inbox is None:
+                inbox = tensor.new_empty(tensor.shape)
+                if v != 0:
+                    acc = tensor.clone()  # a non-root's own tensor must stay unchanged
+            comm.recv(inbox, (v + mask + root) % n, step)
+            op.combine(acc, inbox)
+        mask, step = mask << 1, step + 1

@@ -1,0 +1,56 @@
+"""reduce_scatter, ring algorithm.
+
+Semantics: rank r ends with ``output = op(input_list[r] of every rank)``.
+
+Communication steps: N-1
+Messages each rank sends: N-1, each S/N bytes
+Bytes each rank sends: (N-1)/N * S      (S = bytes of the whole input, N chunks)
+
+Steps (ranks on a ring, left = r-1, right = r+1):
+  1. Copy the input chunks into a working buffer of N chunks.
+  2. For s = 0..N-2: send chunk (r-s-1) mod N to the right, receive chunk
+     (r-s-2) mod N from the left and fold it into the local copy with op.
+     The partial result travels around the ring, one hop per step.
+  3. After N-1 steps chunk r has been through every rank: it is the result.
+
+Worked example, N=4, SUM, rank r holds chunks [a_r, b_r, c_r, d_r]; the table
+shows which chunk each rank *sends* at each step:
+
+  step | rank 0 | rank 1 | rank 2 | rank 3
+  -----+--------+--------+--------+-------
+    0  |   d    |   a    |   b    |   c
+    1  |   c    |   d    |   a    |   b
+    2  |   b    |   c    |   d    |   a
+  result: rank 0 has a0+a1+a2+a3 (summed in order 1,2,3,0 around the ring), rank 1 b, ...
+
+Each chunk is reduced on exactly one rank, so there is exactly one answer for
+it: the all-gather that follows in ring all_reduce copies bits, and every
+rank ends with bitwise the same tensor.
+
+Reference: Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
+clusters of workstations", JPDC 2009.
+"""
+import torch
+
+
+def ring_reduce_scatter(comm, chunks, op, step0=0):
+    """In place: afterwards ``chunks[comm.rank]`` holds the reduction over all ranks.
+
+    ``chunks`` are contiguous views (sizes may differ, may be empty); the other
+    chunks are left holding partial results.
+    """
+    n, r = comm.size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    inbox = chunks[0].new_empty(max(c.numel() for c in chunks))
+    for s in range(n - 1):
+        send_i, recv_i = (r - s - 1) % n, (r - s - 2) % n
+        got = inbox[:chunks[recv_i].numel()]
+        comm.sendrecv(chunks[send_i], right, got, left, step0 + s)
+        op.combine(chunks[recv_i], got)
+
+
+def reduce_scatter(comm, output, input_list, op):
+    work = torch.cat(input_list)
+    chunks = list(work.split(output.numel()))
+    ring_reduce_scatter(comm, chunks, op)
+    output.copy_(chunks[comm.rank])

@@ -1,0 +1,475 @@
+"""The public collectives: torch.distributed's names and signatures, our algorithms.
+
+Each function validates its arguments on the calling rank before any message
+moves (a bad argument raises there, clearly, instead of deadlocking the
+others), returns at once on ranks outside ``group`` (as torch does), stages
+tensors the backend cannot send directly, and hands the work to the
+process's single communication thread (``engine``) so that ``async_op=True``
+overlaps with the caller and everything completes in issue order.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from . import debug, reduce_ops, tuning
+from .algorithms import ALGORITHMS, REGISTRY
+from .engine import engine
+from .p2p_communications import Comm
+
+
+class _Call:
+    """What every collective needs to know about the group it runs on."""
+
+    def __init__(self, collective, group, algorithm):
+        self.collective = collective
+        self.where = f"collectives.{collective}"
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError(f"{self.where}: the default process group is not initialised; "
+                             f"call torch.distributed.init_process_group(...) first")
+        if group is None:
+            group = dist.group.WORLD
+        elif not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"{self.where}: group must be a process group from "
+                            f"torch.distributed.new_group(...) or None, got {type(group).__name__}")
+        if algorithm is not None and algorithm not in ALGORITHMS[collective]:
+            raise ValueError(f"{self.where}: unknown algorithm={algorithm!r}; valid: "
+                             f"{', '.join(ALGORITHMS[collective])}")
+        self.group = group
+        self.algorithm = algorithm
+        self.ranks = dist.get_process_group_ranks(group)
+        self.member = dist.get_rank() in self.ranks
+        self.size = len(self.ranks)
+        backend = str(dist.get_backend(group)) if self.member else ""
+        self.cpu_ok = "gloo" in backend or not backend
+        self.cuda_direct = "nccl" in backend
+        self.device = None
+
+    def check_tensor(self, name, t, like=None, same_shape=True):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{self.where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise ValueError(f"{self.where}: {name} has layout {t.layout}; only dense (strided) "
+                             f"tensors can be sent")
+        kind = t.device.type
+        if kind == "cpu" and not self.cpu_ok:
+            raise ValueError(f"{self.where}: {name} is on the CPU, which the nccl backend cannot "
+                             f"send; move it to this rank's GPU or use a gloo group")
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"{self.where}: {name} is on device {t.device}, which the backend "
+                             f"cannot send (CPU and CUDA tensors only)")
+        if kind == "cuda" and self.device is None:
+            self.device = t.device
+        if like is not None:
+            if t.dtype != like.dtype:
+                raise ValueError(f"{self.where}: {name} has dtype {t.dtype} but tensor has {like.dtype}")
+            if same_shape and t.shape != like.shape:
+                raise ValueError(f"{self.where}: {name} has shape {list(t.shape)} but tensor has "
+                                 f"shape {list(like.shape)}")
+
+    def check_list(self, name, tensors, like, same_shape=True):
+        if not isinstance(tensors, (list, tuple)):
+            raise TypeError(f"{self.where}: {name} must be a list of tensors, got {type(tensors).__name__}")
+        if len(tensors) != self.size:
+            raise ValueError(f"{self.where}: {name} must hold one tensor per rank of the group "
+                             f"({self.size}), got {len(tensors)}")
+        for i, t in enumerate(tensors):
+            self.check_tensor(f"{name}[{i}]", t, like, same_shape)
+
+    def check_root(self, name, root):
+        if isinstance(root, bool) or not isinstance(root, int):
+            raise TypeError(f"{self.where}: {name} must be an int (a global rank), got {type(root).__name__}")
+        world = dist.get_world_size()
+        if not 0 <= root < world:
+            raise ValueError(f"{self.where}: {name}={root} is out of range for a world of {world} ranks")
+        if root not in self.ranks:
+            raise ValueError(f"{self.where}: {name}={root} is not a member of the group (ranks {self.ranks})")
+        return self.ranks.index(root)
+
+    def op(self, op, dtype):
+        return reduce_ops.resolve(op, dtype, self.where)
+
+    def choose(self, nbytes):
+        return self.algorithm or tuning.choose(self.collective, nbytes, self.size)
+
+    def submit(self, algorithm, body, async_op, **fingerprint):
+        def run():
+            comm = Comm(self.group, self.collective, algorithm)
+            if os.environ.get("COLLECTIVES_DEBUG", "0") not in ("", "0"):
+                debug.check_agreement(comm, fingerprint)
+            if self.device is not None:
+                with torch.cuda.device(self.device):
+                    return body(comm)
+            return body(comm)
+        return engine().submit(run, f"{self.collective}({algorithm})", async_op)
+
+    def stage(self, t):
+        return _Staged(t, stage_to_host=t.is_cuda and not self.cuda_direct)
+
+
+class _Staged:
+    """A flat, contiguous, sendable stand-in for a tensor, written back on ``done()``.
+
+    Contiguous tensors on a device the backend sends are used as they are
+    (a flat view, no copy). Non-contiguous tensors are copied into a
+    contiguous buffer; CUDA tensors on a gloo group are copied to host memory.
+    """
+
+    def __init__(self, t, stage_to_host):
+        self.t = t
+        src = t.detach()
+        if stage_to_host:
+            self.flat, self.copied = src.to("cpu").reshape(-1), True
+        elif src.is_contiguous():
+            self.flat, self.copied = src.view(-1), False
+        else:
+            self.flat, self.copied = src.contiguous().view(-1), True
+
+    def done(self):
+        if self.copied:
+            with torch.no_grad():
+                self.t.copy_(self.flat.view(self.t.shape))
+        return self.t
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def broadcast(tensor, src, group=None, async_op=False, algorithm=None):
+    """Send ``tensor`` from rank ``src`` to every rank of the group, in place.
+
+    Args:
+        tensor (Tensor): Data to send on ``src``; where the result lands on the others.
+        src (int): Global rank of the source.
+        group (ProcessGroup, optional): Group to work on; None for the whole world.
+        async_op (bool, optional): Return a handle instead of blocking.
+        algorithm (str, optional): One of ``ALGORITHMS["broadcast"]``; None picks by size.
+
+    Returns:
+        A handle with ``wait()`` if ``async_op``, else None; None on ranks outside the group.
+
+    Example::
+
+        >>> t = torch.arange(2) + 1 + 2 * rank if rank == 0 else torch.zeros(2, dtype=torch.int64)
+        >>> collectives.broadcast(t, src=0)
+        >>> t
+        tensor([1, 2])  # Rank 0
+        tensor([1, 2])  # Rank 1
+    """
+    call = _Call("broadcast", group, algorithm)
+    call.check_tensor("tensor", tensor)
+    if not call.member:
+        return None
+    root = call.check_root("src", src)
+    algo = call.choose(_nbytes(tensor))
+
+    def body(comm):
+        buf = call.stage(tensor)
+        REGISTRY["broadcast"][algo](comm, buf.flat, root)
+        buf.done()
+    return call.submit(algo, body, async_op, src=src, shape=list(tensor.shape), dtype=tensor.dtype)
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, algorithm=None):
+    """Reduce ``tensor`` across the group into rank ``dst``'s ``tensor``.
+
+    Other ranks' tensors are left unchanged.
+
+    Args:
+        tensor (Tensor): Input on every rank; the result on ``dst``.
+        dst (int): Global rank that receives the result.
+        op (ReduceOp, optional): SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR or BXOR.
+        group, async_op, algorithm: As in :func:`broadcast`.
+
+    Returns:
+        A handle if ``async_op``, else None.
+
+    Example::
+
+        >>> t = torch.tensor([rank + 1.0])
+        >>> collectives.reduce(t, dst=0)
+        >>> t
+        tensor([3.])  # Rank 0 (world of 2: 1 + 2)
+        tensor([2.])  # Rank 1 (unchanged)
+    """
+    call = _Call("reduce", group, algorithm)
+    call.check_tensor("tensor", tensor)
+    red = call.op(op, tensor.dtype)
+    if not call.member:
+        return None
+    root = call.check_root("dst", dst)
+    algo = call.choose(_nbytes(tensor))
+
+    def body(comm):
+        buf = call.stage(tensor)
+        REGISTRY["reduce"][algo](comm, buf.flat, root, red)
+        if comm.rank == root:
+            if red.average:
+                buf.flat.div_(comm.size)
+            buf.done()
+    return call.submit(algo, body, async_op, dst=dst, op=red.name, shape=list(tensor.shape),
+                       dtype=tensor.dtype)
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, algorithm=None):
+    """Reduce ``tensor`` across the group; every rank gets the result, in place.
+
+    Every rank ends with bitwise the same tensor, whatever the algorithm.
+
+    Args:
+        tensor (Tensor): Input and output of the collective.
+        op (ReduceOp, optional): SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR or BXOR.
+        group, async_op, algorithm: As in :func:`broadcast`.
+
+    Returns:
+        A handle if ``async_op``, else None.
+
+    Example::
+
+        >>> t = torch.tensor([rank + 1, rank + 1])
+        >>> collectives.all_reduce(t, algorithm="ring")
+        >>> t
+        tensor([3, 3])  # Rank 0
+        tensor([3, 3])  # Rank 1
+    """
+    call = _Call("all_reduce", group, algorithm)
+    call.check_tensor("tensor", tensor)
+    red = call.op(op, tensor.dtype)
+    if not call.member:
+        return None
+    algo = call.choose(_nbytes(tensor))
+
+    def body(comm):
+        buf = call.stage(tensor)
+        REGISTRY["all_reduce"][algo](comm, buf.flat, red)
+        if red.average:
+            buf.flat.div_(comm.size)
+        return buf.done()
+    return call.submit(algo, body, async_op, op=red.name, shape=list(tensor.shape), dtype=tensor.dtype)
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, algorithm=None):
+    """Send ``scatter_list[i]`` of rank ``src`` to rank i's ``tensor``.
+
+    Args:
+        tensor (Tensor): Output on every rank.
+        scatter_list (list[Tensor], optional): On ``src`` only: one tensor per rank
+            of the group, each shaped like ``tensor``.
+        src (int): Global rank of the source.
+        group, async_op, algorithm: As in :func:`broadcast`.
+
+    Returns:
+        A handle if ``async_op``, else None.
+
+    Example::
+
+        >>> t = torch.zeros(1)
+        >>> pieces = [torch.tensor([1.0]), torch.tensor([2.0])] if rank == 0 else None
+        >>> collectives.scatter(t, pieces, src=0)
+        >>> t
+        tensor([1.])  # Rank 0
+        tensor([2.])  # Rank 1
+    """
+    call = _Call("scatter", group, algorithm)
+    call.check_tensor("tensor", tensor)
+    if not call.member:
+        return None
+    root = call.check_root("src", src)
+    if dist.get_rank() == src:
+        if scatter_list is None:
+            raise ValueError(f"{call.where}: scatter_list is required on the source rank {src}")
+        call.check_list("scatter_list", scatter_list, tensor)
+    elif scatter_list:
+        raise ValueError(f"{call.where}: scatter_list must not be given on non-source ranks "
+                         f"(this is rank {dist.get_rank()}, src={src})")
+    algo = call.choose(_nbytes(tensor) * call.size)
+
+    def body(comm):
+        out = call.stage(tensor)
+        pieces = [call.stage(t).flat for t in scatter_list] if comm.rank == root else None
+        REGISTRY["scatter"][algo](comm, out.flat, pieces, root)
+        out.done()
+    return call.submit(algo, body, async_op, src=src, shape=list(tensor.shape), dtype=tensor.dtype)
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, algorithm=None):
+    """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst``.
+
+    Args:
+        tensor (Tensor): Input on every rank.
+        gather_list (list[Tensor], optional): On ``dst`` only: one tensor per rank
+            of the group, each shaped like ``tensor``, filled in group-rank order.
+        dst (int): Global rank of the destination.
+        group, async_op, algorithm: As in :func:`broadcast`.
+
+    Returns:
+        A handle if ``async_op``, else None.
+
+    Example::
+
+        >>> out = [torch.zeros(1), torch.zeros(1)] if rank == 0 else None
+        >>> collectives.gather(torch.tensor([rank + 1.0]), out, dst=0)
+        >>> out
+        [tensor([1.]), tensor([2.])]  # Rank 0
+        None                          # Rank 1
+    """
+    call = _Call("gather", group, algorithm)
+    call.check_tensor("tensor", tensor)
+    if not call.member:
+        return None
+    root = call.check_root("dst", dst)
+    if dist.get_rank() == dst:
+        if gather_list is None:
+            raise ValueError(f"{call.where}: gather_list is required on the destination rank {dst}")
+        call.check_list("gather_list", gather_list, tensor)
+    elif gather_list:
+        raise ValueError(f"{call.where}: gather_list must not be given on non-destination ranks "
+                         f"(this is rank {dist.get_rank()}, dst={dst})")
+    algo = call.choose(_nbytes(tensor) * call.size)
+
+    def body(comm):
+        inp = call.stage(tensor)
+        outs = [call.stage(t) for t in gather_list] if comm.rank == root else None
+        REGISTRY["gather"][algo](comm, inp.flat, [o.flat for o in outs] if outs else None, root)
+        for o in outs or ():
+            o.done()
+    return call.submit(algo, body, async_op, dst=dst, shape=list(tensor.shape), dtype=tensor.dtype)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False, algorithm=None):
+    """Collect every rank's ``tensor`` into ``tensor_list`` on every rank.
+
+    Args:
+        tensor_list (list[Tensor]): Output: one tensor per rank of the group,
+            each shaped like ``tensor``, filled in group-rank order.
+        tensor (Tensor): Input on every rank (unchanged).
+        group, async_op, algorithm: As in :func:`broadcast`.
+
+    Returns:
+        A handle if ``async_op``, else None.
+
+    Example::
+
+        >>> out = [torch.zeros(1), torch.zeros(1)]
+        >>> collectives.all_gather(out, torch.tensor([rank + 1.0]))
+        >>> out
+        [tensor([1.]), tensor([2.])]  # Rank 0
+        [tensor([1.]), tensor([2.])]  # Rank 1
+    """
+    call = _Call("all_gather", group, algorithm)
+    call.check_tensor("tensor", tensor)
+    call.check_list("tensor_list", tensor_list, tensor)
+    if not call.member:
+        return None
+    algo = call.choose(_nbytes(tensor) * call.size)
+
+    def body(comm):
+        inp = call.stage(tensor)
+        outs = [call.stage(t) for t in tensor_list]
+        REGISTRY["all_gather"][algo](comm, [o.flat for o in outs], inp.flat)
+        for o in outs:
+            o.done()
+    return call.submit(algo, body, async_op, shape=list(tensor.shape), dtype=tensor.dtype)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, algorithm=None):
+    """Reduce ``input_list`` across the group; rank i gets the reduction of entry i.
+
+    Args:
+        output (Tensor): Output on every rank.
+        input_list (list[Tensor]): One tensor per rank of the group, each shaped
+            like ``output`` (unchanged).
+        op (ReduceOp, optional): SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR or BXOR.
+        group, async_op, algorithm: As in :func:`broadcast`.
+
+    Returns:
+        A handle if ``async_op``, else None.
+
+    Example::
+
+        >>> out = torch.zeros(1)
+        >>> collectives.reduce_scatter(out, [torch.tensor([1.0]), torch.tensor([10.0])])
+        >>> out
+        tensor([2.])   # Rank 0 (world of 2)
+        tensor([20.])  # Rank 1
+    """
+    call = _Call("reduce_scatter", group, algorithm)
+    call.check_tensor("output", output)
+    call.check_list("input_list", input_list, output)
+    red = call.op(op, output.dtype)
+    if not call.member:
+        return None
+    algo = call.choose(_nbytes(output) * call.size)
+
+    def body(comm):
+        out = call.stage(output)
+        ins = [call.stage(t).flat for t in input_list]
+        REGISTRY["reduce_scatter"][algo](comm, out.flat, ins, red)
+        if red.average:
+            out.flat.div_(comm.size)
+        out.done()
+    return call.submit(algo, body, async_op, op=red.name, shape=list(output.shape), dtype=output.dtype)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, algorithm=None):
+    """Rank i sends ``input_tensor_list[j]`` to rank j, which stores it in ``output_tensor_list[i]``.
+
+    Args:
+        output_tensor_list (list[Tensor]): One tensor per rank of the group; entry j
+            must match the size of what rank j sends here.
+        input_tensor_list (list[Tensor]): One tensor per rank of the group (unchanged).
+        group, async_op, algorithm: As in :func:`broadcast`.
+
+    Returns:
+        A handle if ``async_op``, else None.
+
+    Example::
+
+        >>> ins = [torch.tensor([10 * rank + j]) for j in range(2)]
+        >>> outs = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
+        >>> collectives.all_to_all(outs, ins)
+        >>> outs
+        [tensor([0]), tensor([10])]  # Rank 0
+        [tensor([1]), tensor([11])]  # Rank 1
+    """
+    call = _Call("all_to_all", group, algorithm)
+    if not isinstance(input_tensor_list, (list, tuple)) or not input_tensor_list:
+        raise TypeError(f"{call.where}: input_tensor_list must be a non-empty list of tensors")
+    call.check_tensor("input_tensor_list[0]", input_tensor_list[0])
+    like = input_tensor_list[0]
+    call.check_list("input_tensor_list", input_tensor_list, like, same_shape=False)
+    call.check_list("output_tensor_list", output_tensor_list, like, same_shape=False)
+    if not call.member:
+        return None
+    algo = call.choose(sum(_nbytes(t) for t in input_tensor_list))
+
+    def body(comm):
+        ins = [call.stage(t).flat for t in input_tensor_list]
+        outs = [call.stage(t) for t in output_tensor_list]
+        REGISTRY["all_to_all"][algo](comm, [o.flat for o in outs], ins)
+        for o in outs:
+            o.done()
+    return call.submit(algo, body, async_op, dtype=like.dtype,
+                       shape=[t.numel() for t in input_tensor_list])
+
+
+def barrier(group=None, async_op=False, algorithm=None):
+    """Block until every rank of the group has entered the barrier.
+
+    Args:
+        group, async_op, algorithm: As in :func:`broadcast`.
+
+    Returns:
+        A handle if ``async_op``, else None.
+
+    Example::
+
+        >>> collectives.barrier()   # Rank 0 and Rank 1 both return only after both called it
+    """
+    call = _Call("barrier", group, algorithm)
+    if not call.member:
+        return None
+    algo = call.choose(0)
+    return call.submit(algo, lambda comm: REGISTRY["barrier"][algo](comm), async_op)

@@ -1,0 +1,252 @@
+"""The one door to the network.
+
+Every byte that a collective in this package moves goes through :class:`Comm`.
+No other module calls ``torch.distributed.send/recv/isend/irecv``. Keeping the
+door narrow buys four things, each of which lives here and nowhere else:
+
+* **group ranks**: algorithms speak in ranks 0..N-1 of their group; the door
+  translates them to the global ranks that ``torch.distributed`` expects.
+* **timeouts**: every wait is bounded by ``COLLECTIVES_TIMEOUT`` seconds
+  (default 300). On expiry the error names the collective, the algorithm, the
+  step and the peer, instead of leaving the program hanging.
+* **counting**: bytes and messages each rank sends and receives, and the steps
+  they happen in, go to every active :func:`count_traffic` counter. The tests
+  use them to prove each algorithm moves exactly the traffic its card claims.
+* **tracing**: :func:`trace` records every message (collective, algorithm,
+  step, src, dst, bytes, start and end time) for the timeline pictures, and
+  ``COLLECTIVES_VERBOSE=1`` (or ``VERBOSE=1``) prints each one as it happens.
+
+A send and its matching receive are always *posted together* and then waited
+on together (``Comm.exchange``). Issued one after the other, a blocking send on
+both sides of a pair deadlocks on NCCL and on any transport without buffering.
+"""
+import contextlib
+import datetime
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT = 300.0
+
+# Observers (traffic counters and tracers) active in this process. The door is
+# the only place that sees every message, so this is where they are fed.
+_observers = []
+
+
+def timeout_seconds():
+    """The per-wait limit in seconds, read from ``COLLECTIVES_TIMEOUT`` at every call."""
+    value = os.environ.get("COLLECTIVES_TIMEOUT")
+    if not value:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"COLLECTIVES_TIMEOUT must be a number of seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"COLLECTIVES_TIMEOUT must be positive, got {value!r}")
+    return seconds
+
+
+def _verbose():
+    return os.environ.get("COLLECTIVES_VERBOSE", os.environ.get("VERBOSE", "0")) not in ("", "0")
+
+
+class CollectiveError(RuntimeError):
+    """A point-to-point message inside a collective failed (peer gone, transport error)."""
+
+
+class CollectiveTimeout(CollectiveError):
+    """A rank waited longer than ``COLLECTIVES_TIMEOUT`` for a peer."""
+
+
+@dataclass
+class Message:
+    """One point-to-point transfer as seen by one rank (``kind`` is 'send' or 'recv')."""
+    collective: str
+    algorithm: str
+    step: int
+    kind: str
+    src: int
+    dst: int
+    nbytes: int
+    start: float
+    end: float = float("nan")
+
+
+@dataclass
+class Traffic:
+    """Counts what this rank sent and received while the counter was active."""
+    sent_bytes: int = 0
+    sent_messages: int = 0
+    recv_bytes: int = 0
+    recv_messages: int = 0
+    steps: set = field(default_factory=set)
+
+    @property
+    def rounds(self):
+        """Number of distinct steps in which this rank sent or received anything."""
+        return len(self.steps)
+
+    def _observe(self, msg):
+        if msg.kind == "send":
+            self.sent_bytes += msg.nbytes
+            self.sent_messages += 1
+        else:
+            self.recv_bytes += msg.nbytes
+            self.recv_messages += 1
+        self.steps.add((msg.collective, msg.step))
+
+
+class Trace(list):
+    """A list of :class:`Message` records, filled while the tracer is active."""
+
+    def _observe(self, msg):
+        self.append(msg)
+
+
+@contextlib.contextmanager
+def _observing(observer):
+    _observers.append(observer)
+    try:
+        yield observer
+    finally:
+        _observers.remove(observer)
+
+
+def count_traffic():
+    """Context manager counting this rank's messages and bytes.
+
+    Example::
+
+        >>> with collectives.count_traffic() as t:
+        ...     collectives.all_reduce(x, algorithm="ring")
+        >>> t.sent_messages, t.sent_bytes
+        (6, 3072)   # Rank 0 of 4, x of 1024 float32: 2(N-1) messages, 2(N-1)/N*S bytes
+    """
+    return _observing(Traffic())
+
+
+def trace():
+    """Context manager recording every message this rank sends or receives."""
+    return _observing(Trace())
+
+
+class Pending:
+    """Messages posted by :meth:`Comm.post` and not yet waited for."""
+
+    def __init__(self, comm, step, entries):
+        self.comm, self.step, self.entries = comm, step, entries
+
+    def wait(self):
+        comm = self.comm
+        deadline = time.monotonic() + comm.timeout
+        for work, msg in self.entries:
+            peer = msg.dst if msg.kind == "send" else msg.src
+            try:
+                if comm.nccl:
+                    # NCCL's wait() only orders streams; poll so the CPU side is bounded too.
+                    while not work.is_completed():
+                        if time.monotonic() > deadline:
+                            raise TimeoutError("no completion")
+                        time.sleep(0)
+                    work.wait()
+                else:
+                    remaining = max(deadline - time.monotonic(), 1e-3)
+                    work.wait(timeout=datetime.timedelta(seconds=remaining))
+            except Exception as exc:
+                raise comm._failure(msg, peer, exc) from exc
+            msg.end = time.time()
+            for obs in _observers:
+                obs._observe(msg)
+            if _verbose():
+                arrow = f"-> {peer}" if msg.kind == "send" else f"<- {peer}"
+                print(f"[rank {dist.get_rank()}] {msg.collective}/{msg.algorithm} step {msg.step}: "
+                      f"{msg.kind} {msg.nbytes} B {arrow}", file=sys.stderr, flush=True)
+        self.entries = []
+
+
+class Comm:
+    """Point-to-point messaging for one collective call on one group.
+
+    Algorithms get a ``Comm`` and use ``comm.rank`` and ``comm.size`` (ranks of
+    the group, 0..N-1) and the messaging methods below, whose ``peer``
+    arguments are group ranks. Tensors must be contiguous; empty tensors are
+    not sent at all (both sides know the sizes, so both skip them).
+    """
+
+    def __init__(self, group, collective, algorithm):
+        self.group = group
+        self.ranks = _group_ranks(group)
+        self.rank = self.ranks.index(dist.get_rank())
+        self.size = len(self.ranks)
+        self.collective = collective
+        self.algorithm = algorithm
+        self.timeout = timeout_seconds()
+        self.nccl = "nccl" in str(dist.get_backend(group))
+
+    def post(self, step, sends=(), recvs=()):
+        """Post sends ``[(tensor, peer)]`` and receives ``[(tensor, peer)]`` at once."""
+        ops, entries = [], []
+        me = self.ranks[self.rank]
+        group = None if self.group is dist.group.WORLD else self.group
+        for kind, pairs in (("recv", recvs), ("send", sends)):
+            for tensor, peer in pairs:
+                if tensor.numel() == 0:
+                    continue
+                if not tensor.is_contiguous():
+                    raise ValueError("the point-to-point door only moves contiguous tensors")
+                other = self.ranks[peer]
+                nbytes = tensor.numel() * tensor.element_size()
+                src, dst = (me, other) if kind == "send" else (other, me)
+                msg = Message(self.collective, self.algorithm, step, kind, src, dst, nbytes, time.time())
+                fn = dist.isend if kind == "send" else dist.irecv
+                if self.nccl:
+                    ops.append(dist.P2POp(fn, tensor, other, group))
+                else:
+                    try:
+                        work = fn(tensor, other, group=group, tag=step & 0x7FFFFFFF)
+                    except Exception as exc:
+                        raise self._failure(msg, peer, exc) from exc
+                    ops.append(work)
+                entries.append(msg)
+        if self.nccl and ops:
+            ops = dist.batch_isend_irecv(ops)
+        return Pending(self, step, list(zip(ops, entries)))
+
+    def exchange(self, step, sends=(), recvs=()):
+        """Post all sends and receives together, then wait for all of them."""
+        self.post(step, sends, recvs).wait()
+
+    def send(self, tensor, peer, step):
+        self.exchange(step, sends=[(tensor, peer)])
+
+    def recv(self, tensor, peer, step):
+        self.exchange(step, recvs=[(tensor, peer)])
+
+    def sendrecv(self, send_tensor, dst, recv_tensor, src, step):
+        self.exchange(step, sends=[(send_tensor, dst)], recvs=[(recv_tensor, src)])
+
+    def _failure(self, msg, peer, exc):
+        what = "to send" if msg.kind == "send" else "to receive"
+        where = (f"collectives.{self.collective}(algorithm={self.algorithm!r}) on rank "
+                 f"{self.ranks[self.rank]}, step {msg.step}: ")
+        peer_text = f"rank {self.ranks[peer]}" + (f" (group rank {peer})" if self.ranks[peer] != peer else "")
+        text = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
+        if isinstance(exc, TimeoutError) or "Timed out" in text or "timed out" in text:
+            return CollectiveTimeout(
+                f"{where}timed out after {self.timeout:g} s waiting {what} {msg.nbytes} bytes "
+                f"{'to' if msg.kind == 'send' else 'from'} {peer_text}. The peer may have called a "
+                f"different collective, passed a different size, failed validation or died. "
+                f"COLLECTIVES_TIMEOUT sets the limit; COLLECTIVES_DEBUG=1 checks that ranks agree.")
+        return CollectiveError(f"{where}failed {what} {msg.nbytes} bytes "
+                               f"{'to' if msg.kind == 'send' else 'from'} {peer_text}: {text}")
+
+
+def _group_ranks(group):
+    if group is None or group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    return dist.get_process_group_ranks(group)

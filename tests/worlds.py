@@ -1,0 +1,83 @@
+"""Spawn small worlds of gloo processes for tests, with a free port and a hard timeout.
+
+Starting a world costs seconds (every process imports torch), so a test runs
+many cases inside one world: ``run_world(fn, n)`` starts ``n`` processes,
+calls ``fn(rank, n, *args)`` in each after ``init_process_group``, and returns
+the per-rank return values. If any rank raises, the test fails with that
+rank's traceback; if the world is not done within ``timeout`` seconds, every
+process is killed and the test fails instead of hanging CI.
+"""
+import os
+import socket
+import traceback
+
+import torch.multiprocessing as mp
+
+DEFAULT_TIMEOUT = float(os.environ.get("COLLECTIVES_TEST_WORLD_TIMEOUT", 240))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, fn, args, env, results):
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=rank, world_size=world_size)
+        value = fn(rank, world_size, *args)
+        results.put((rank, True, value))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_world(fn, world_size, *args, timeout=DEFAULT_TIMEOUT, env=None):
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their results."""
+    env = {"COLLECTIVES_TIMEOUT": "30", **(env or {})}
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue() if False else ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, env, results), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    import queue as _queue
+    import time
+    deadline = time.monotonic() + timeout
+    out, errors = {}, {}
+    try:
+        while len(out) + len(errors) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"world of {world_size} did not finish in {timeout:.0f} s; "
+                                   f"ranks done: {sorted(out)}, failed: {sorted(errors)}")
+            try:
+                rank, ok, value = results.get(timeout=min(left, 1.0))
+            except _queue.Empty:
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0) and r not in out and r not in errors]
+                if dead and not errors:
+                    raise RuntimeError(f"rank(s) {dead} died with exit codes "
+                                       f"{[procs[r].exitcode for r in dead]}")
+                continue
+            (out if ok else errors)[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        first = min(errors)
+        raise AssertionError(f"rank {first} of {world_size} failed:\n{errors[first]}"
+                             + (f"\n(and ranks {sorted(errors)[1:]} too)" if len(errors) > 1 else ""))
+    return [out[r] for r in range(world_size)]
