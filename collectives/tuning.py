@@ -1,16 +1,71 @@
 """What ``algorithm=None`` picks, from the message size and the group size.
 
-A first cut from the alpha-beta cost model's shape: latency-bound (small)
-messages want few steps (trees, recursive doubling); bandwidth-bound (large)
-messages want few bytes per rank (rings, pipelines). ``python -m
-collectives.bench`` measures where the crossovers lie on a machine.
+Three sources, first match wins:
+
+1. **The measured table** ``tuning_table.json`` (next to this file), written by
+   ``python -m collectives.bench --write-table collectives/tuning_table.json``:
+   for each collective and each group size the benchmark ran, the fastest
+   algorithm at each measured size. A size between two measured ones takes
+   the nearer one on a log scale; beyond the ends, the end.
+2. **The cost model** (``collectives.cost_model``) with the alpha, beta and
+   gamma fitted in the same benchmark run, for group sizes the table lacks.
+3. **Rules of thumb** from the model's shape, when there is no table:
+   latency-bound (small) messages want few steps (trees, recursive doubling);
+   bandwidth-bound (large) ones want few bytes per rank (rings, pipelines).
+
+``nbytes`` is the size ``collectives.bench`` and nccl-tests use: the tensor
+for all_reduce, broadcast and reduce; the whole output (N pieces) for
+all_gather and gather; the whole input for reduce_scatter and scatter.
 """
+import functools
+import json
+import math
+import os
+
+from . import cost_model
+from .algorithms import ALGORITHMS
 
 SMALL_BYTES = 64 * 1024
+TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_table.json")
 
 
+@functools.lru_cache(maxsize=None)
+def _table(path=TABLE_PATH):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+@functools.lru_cache(maxsize=4096)
 def choose(collective, nbytes, group_size):
-    """Name of the default algorithm for ``collective`` with ``nbytes`` per rank."""
+    """Name of the default algorithm for ``collective`` with ``nbytes`` on ``group_size`` ranks."""
+    names = ALGORITHMS[collective]
+    if len(names) == 1:
+        return names[0]
+    table = _table()
+    measured = table.get("choices", {}).get(collective, {}).get(str(group_size))
+    if measured and group_size > 1:
+        pick = _nearest(measured, nbytes)
+        if pick in names:
+            return pick
+    model = table.get("model")
+    if model and group_size > 1:
+        pick = cost_model.best(collective, names, group_size, max(nbytes, 1), model)
+        if pick:
+            return pick
+    return rule_of_thumb(collective, nbytes, group_size)
+
+
+def _nearest(points, nbytes):
+    """Algorithm of the measured size nearest to ``nbytes`` on a log scale."""
+    x = math.log(max(nbytes, 1))
+    return min(points, key=lambda p: abs(math.log(p[0]) - x))[1]
+
+
+def rule_of_thumb(collective, nbytes, group_size):
+    """The choice without any measurement."""
     small = nbytes <= SMALL_BYTES
     if collective == "all_reduce":
         return "recursive_doubling" if small or group_size <= 2 else "ring"
@@ -27,3 +82,40 @@ def choose(collective, nbytes, group_size):
     if collective == "all_to_all":
         return "linear"
     return "dissemination"
+
+
+def best_from_rows(rows):
+    """{collective: {N: [[size, fastest algorithm], ...]}} from benchmark rows."""
+    fastest = {}
+    for r in rows:
+        name = r["algorithm"]
+        if name in ("builtin", "default") or name.endswith("+debug") or name not in ALGORITHMS[r["collective"]]:
+            continue
+        key = (r["collective"], r["world_size"], r["size"])
+        if key not in fastest or r["time_us"] < fastest[key][1]:
+            fastest[key] = (name, r["time_us"])
+    out = {}
+    for (collective, n, size), (name, _) in sorted(fastest.items()):
+        out.setdefault(collective, {}).setdefault(str(n), []).append([size, name])
+    return out
+
+
+def write_table(path, rows, model, meta):
+    """Merge the fastest algorithms measured in ``rows`` into the table at ``path``."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError):
+        table = {}
+    choices = table.setdefault("choices", {})
+    for collective, by_n in best_from_rows(rows).items():
+        choices.setdefault(collective, {}).update(by_n)
+    if model:
+        # The model for unmeasured group sizes: the largest world measured is the most typical.
+        table["model"] = model[max(model)]
+    table.setdefault("measured", []).append(meta)
+    table["measured"] = table["measured"][-5:]
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+    _table.cache_clear()
+    choose.cache_clear()
