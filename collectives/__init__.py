@@ -15,6 +15,9 @@ from torch.distributed import ReduceOp
 from .algorithms import ALGORITHMS
 from .api import (all_gather, all_reduce, all_to_all, barrier, broadcast, gather, reduce,
                   reduce_scatter, scatter)
+from .data_parallel import DataParallel
+from .data_parallel_naive import NaiveDataParallel, average_gradients
+from .ddp_hook import ddp_comm_hook
 from .debug import DesyncError
 from .engine import Work
 from .p2p_communications import CollectiveError, CollectiveTimeout, count_traffic, trace
@@ -23,4 +26,5 @@ __all__ = [
     "ALGORITHMS", "ReduceOp", "Work", "CollectiveError", "CollectiveTimeout", "DesyncError",
     "all_gather", "all_reduce", "all_to_all", "barrier", "broadcast", "gather", "reduce",
     "reduce_scatter", "scatter", "count_traffic", "trace",
+    "average_gradients", "NaiveDataParallel", "DataParallel", "ddp_comm_hook",
 ]

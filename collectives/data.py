@@ -1,0 +1,205 @@
+"""MNIST for data-parallel training: finding it, and splitting it across ranks.
+
+Where the data comes from: ``--data-dir``, else the environment variable
+``COLLECTIVES_DATA``, else ``./data``. The directory holds torchvision's layout,
+``MNIST/raw/`` with the four original ``.gz`` files (unpacked copies beside
+them once torchvision has read them). If the directory is read-only and holds
+only the ``.gz`` files, they are copied to a writable cache
+(``COLLECTIVES_CACHE``, else ``~/.cache/collectives``) and unpacked there; the
+original is never written to. If nothing is there, rank 0 downloads with
+torchvision while the other ranks wait at a barrier.
+
+How it is split, two ways:
+
+* :class:`DataPartitioner`, the PyTorch tutorial's way: shuffle the indices
+  once with a fixed seed and give rank r the r-th slice, for good. Every epoch
+  sees the same order.
+* ``torch.utils.data.DistributedSampler``: every epoch a new permutation, the
+  same on every rank, drawn from ``seed + epoch``; rank r takes every N-th
+  index. ``sampler.set_epoch(epoch)`` must be called each epoch, or the
+  "new" permutation is the same one every time (``tests/test_train.py`` shows it).
+
+In both cases each rank runs ``global_batch_size // world_size`` examples per
+step, so one step of N ranks consumes one global batch.
+"""
+import os
+import random
+import shutil
+import tempfile
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+MEAN, STD = 0.1307, 0.3081
+FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def data_dir(path=None):
+    """The MNIST root: ``path`` if given, else ``$COLLECTIVES_DATA``, else ``./data``."""
+    return os.path.abspath(path or os.environ.get("COLLECTIVES_DATA") or "data")
+
+
+def cache_dir():
+    """Writable place for an unpacked copy of a read-only data directory."""
+    return os.path.abspath(os.environ.get("COLLECTIVES_CACHE")
+                           or os.path.join(os.path.expanduser("~"), ".cache", "collectives"))
+
+
+def _raw(root):
+    return os.path.join(root, "MNIST", "raw")
+
+
+def _unpacked(root):
+    return all(os.path.isfile(os.path.join(_raw(root), f)) for f in FILES)
+
+
+def _packed(root):
+    return all(os.path.isfile(os.path.join(_raw(root), f + ".gz")) for f in FILES)
+
+
+def _writable(path):
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return os.access(path, os.W_OK)
+
+
+def _missing_message(root, reason):
+    return (f"MNIST is not in {root} and could not be downloaded ({reason}).\n"
+            f"Put the four original files ({', '.join(f + '.gz' for f in FILES)}) in\n"
+            f"    {_raw(root)}/\n"
+            f"or point --data-dir or the environment variable COLLECTIVES_DATA at a directory "
+            f"whose MNIST/raw/ holds them.")
+
+
+def prepare_mnist(path=None, download=True):
+    """Make MNIST readable by torchvision and return the root to read it from.
+
+    Args:
+        path (str, optional): Data directory; see :func:`data_dir`.
+        download (bool): Whether this process may download (rank 0 only).
+
+    Returns:
+        str: a root under which ``MNIST/raw/`` holds the unpacked files; ``path``
+        itself, or a cache directory when ``path`` is read-only.
+
+    Raises:
+        FileNotFoundError: MNIST is absent and cannot be fetched; the message
+        says where to put the files.
+    """
+    from torchvision.datasets import MNIST
+
+    root = data_dir(path)
+    if _unpacked(root):
+        return root
+    if _packed(root) and not _writable(_raw(root)):
+        cached = os.path.join(cache_dir(), "mnist")
+        if not _unpacked(cached):
+            if not download:
+                raise FileNotFoundError(f"{cached} has no unpacked MNIST; rank 0 unpacks it first")
+            os.makedirs(cache_dir(), exist_ok=True)
+            # Unpack into a private directory, then rename: a reader never sees half a copy.
+            tmp = tempfile.mkdtemp(prefix="mnist-", dir=cache_dir())
+            os.makedirs(_raw(tmp))
+            for f in FILES:
+                shutil.copyfile(os.path.join(_raw(root), f + ".gz"), os.path.join(_raw(tmp), f + ".gz"))
+            MNIST(tmp, train=True, download=True)
+            MNIST(tmp, train=False, download=True)
+            shutil.rmtree(cached, ignore_errors=True)
+            os.replace(tmp, cached)
+        return cached
+    if not download:
+        raise FileNotFoundError(_missing_message(root, "only rank 0 downloads, and it has not"))
+    if not _writable(root):
+        raise FileNotFoundError(_missing_message(root, "the directory is not writable"))
+    try:
+        MNIST(root, train=True, download=True)
+        MNIST(root, train=False, download=True)
+    except Exception as exc:  # torchvision raises RuntimeError or URLError when offline
+        raise FileNotFoundError(_missing_message(root, f"{type(exc).__name__}: {exc}".strip())) from exc
+    return root
+
+
+def load_mnist(root, train=True, subset=None):
+    """MNIST as a ``TensorDataset`` of normalised (1, 28, 28) images and labels.
+
+    Read once through ``torchvision.datasets.MNIST`` and converted in one go:
+    much faster per epoch than converting every image on every access.
+
+    Args:
+        root (str): What :func:`prepare_mnist` returned.
+        train (bool): The 60,000 training images, or the 10,000 test images.
+        subset (int, optional): Keep only the first ``subset`` examples.
+    """
+    from torchvision.datasets import MNIST
+
+    ds = MNIST(root, train=train, download=False)
+    x, y = ds.data, ds.targets
+    if subset:
+        x, y = x[:subset], y[:subset]
+    x = x.float().div_(255).sub_(MEAN).div_(STD).unsqueeze(1)
+    return TensorDataset(x, y)
+
+
+class Partition(torch.utils.data.Dataset):
+    """The examples of ``data`` at positions ``index``."""
+
+    def __init__(self, data, index):
+        self.data, self.index = data, index
+
+    def __len__(self):
+        return len(self.index)
+
+    def __getitem__(self, i):
+        return self.data[self.index[i]]
+
+
+class DataPartitioner:
+    """The PyTorch tutorial's split: shuffle once, cut into fractions ``sizes``.
+
+    Every rank builds the same partitioner (same seed) and keeps its own piece,
+    so the pieces are disjoint and cover the data; no messages are needed.
+
+    Example::
+
+        >>> parts = DataPartitioner(dataset, [0.5, 0.5], seed=1234)
+        >>> mine = parts.use(rank)     # Rank 0: one half, Rank 1: the other
+    """
+
+    def __init__(self, data, sizes, seed=1234):
+        self.data = data
+        indexes = list(range(len(data)))
+        random.Random(seed).shuffle(indexes)
+        self.partitions = []
+        start = 0
+        for frac in sizes:
+            n = int(frac * len(data))
+            self.partitions.append(indexes[start:start + n])
+            start += n
+
+    def use(self, partition):
+        return Partition(self.data, self.partitions[partition])
+
+
+def per_rank_batch(global_batch_size, world_size):
+    """Each rank's share of the global batch; refuses a batch that does not split evenly."""
+    if global_batch_size % world_size:
+        raise ValueError(f"--batch-size {global_batch_size} (global) does not split evenly across "
+                         f"{world_size} ranks; use a multiple of {world_size}")
+    return global_batch_size // world_size
+
+
+def train_loader(dataset, global_batch_size, rank, world_size, seed=0, how="sampler"):
+    """This rank's loader of the training set.
+
+    Args:
+        how (str): ``"sampler"`` (DistributedSampler: reshuffled every epoch
+            once ``loader.sampler.set_epoch(epoch)`` is called) or
+            ``"partition"`` (the tutorial's DataPartitioner: one fixed shuffle).
+    """
+    batch = per_rank_batch(global_batch_size, world_size)
+    if how == "partition":
+        part = DataPartitioner(dataset, [1.0 / world_size] * world_size, seed).use(rank)
+        return DataLoader(part, batch_size=batch, shuffle=False)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    return DataLoader(dataset, batch_size=batch, sampler=sampler)
