@@ -51,6 +51,7 @@ def ring_reduce_scatter(comm, chunks, op, step0=0):
 
 def reduce_scatter(comm, output, input_list, op):
     work = torch.cat(input_list)
-    chunks = list(work.split(output.numel()))
+    c = output.numel()
+    chunks = [work[i * c:(i + 1) * c] for i in range(comm.size)]
     ring_reduce_scatter(comm, chunks, op)
     output.copy_(chunks[comm.rank])
