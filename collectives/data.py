@@ -25,6 +25,7 @@ step, so one step of N ranks consumes one global batch.
 import os
 import random
 import shutil
+import stat
 import tempfile
 
 import torch
@@ -59,9 +60,15 @@ def _packed(root):
 
 
 def _writable(path):
+    """Whether we may write under ``path``: permission bits say so, not just access().
+
+    ``os.access`` is True for root even on a ``r-x`` directory; a directory
+    whose owner made it read-only is treated as read-only by everyone.
+    """
     while not os.path.exists(path):
         path = os.path.dirname(path)
-    return os.access(path, os.W_OK)
+    mode = os.stat(path).st_mode
+    return os.access(path, os.W_OK) and bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
 
 
 def _missing_message(root, reason):

@@ -1,0 +1,303 @@
+"""Train the MNIST net data-parallel, every gradient averaged by our collectives.
+
+Examples::
+
+    # 4 processes on this machine (gloo, CPU), MNIST from a read-only copy
+    COLLECTIVES_DATA=../shared/data python -m collectives.train --world-size 4
+
+    # the same under torchrun, on one node or on each of two
+    torchrun --nproc_per_node 4 -m collectives.train
+    torchrun --nnodes 2 --node_rank 0 --nproc_per_node 2 --master_addr HOST --master_port 29400 \
+        -m collectives.train
+
+    # continue after a crash, from the last checkpoint in --out
+    python -m collectives.train --world-size 4 --resume
+
+Rank 0 prints a progress bar and one line per epoch, and writes to ``--out``:
+``metrics.json`` and ``metrics.csv`` (per epoch), ``curves.png`` (loss and
+accuracy) and ``checkpoint.pt`` (model, optimizer, position, RNG states),
+each replaced atomically so a crash never leaves a torn file.
+"""
+import argparse
+import csv
+import itertools
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import api, launch
+from .algorithms import ALGORITHMS
+from .data import load_mnist, per_rank_batch, prepare_mnist, train_loader
+from .data_parallel import DataParallel
+from .data_parallel_naive import NaiveDataParallel
+from .models import Net
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m collectives.train", description=__doc__.split("\n")[0])
+    p.add_argument("--world-size", type=int, default=4, help="processes to spawn (ignored under torchrun)")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                   help="auto: nccl when every rank can have its own GPU, else gloo")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda if a GPU is visible, else cpu")
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=128, help="global batch, split across ranks")
+    p.add_argument("--lr", type=float, default=0.1, help="peak learning rate (warmup, then cosine decay)")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--algorithm", choices=ALGORITHMS["all_reduce"], default=None,
+                   help="all_reduce algorithm for the gradients (default: chosen by size)")
+    p.add_argument("--sync", choices=["naive", "bucketed"], default="bucketed",
+                   help="naive: one all_reduce per parameter after backward; bucketed: DDP-style")
+    p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--split", choices=["sampler", "partition"], default="sampler",
+                   help="DistributedSampler (reshuffled per epoch) or the tutorial's DataPartitioner")
+    p.add_argument("--data-dir", default=None, help="MNIST root (default: $COLLECTIVES_DATA or ./data)")
+    p.add_argument("--out", default="runs/mnist", help="metrics, plot and checkpoint go here")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt if it exists")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="also checkpoint every STEPS steps inside an epoch (0: at epoch ends only)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--subset", type=int, default=None, help="use only the first N train and test examples")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in total")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads per rank (default: cores // ranks on this node, at least 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def pick_backend(requested, device, local_world_size):
+    if requested != "auto":
+        return requested
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "nccl" if device != "cpu" and gpus and gpus >= local_world_size else "gloo"
+
+
+def pick_device(requested, backend, local_rank):
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        if backend == "nccl":
+            raise RuntimeError("--backend nccl sends CUDA tensors only; drop --device cpu or use gloo")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("--device cuda, but no GPU is visible to this process")
+    # LOCAL_RANK picks the GPU; gloo ranks may share one (their tensors stage through host memory).
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def learning_rate(args, step, total_steps):
+    """Linear warmup over the first 3% of steps, then cosine decay to zero: a pure function of step."""
+    warmup = max(1, int(0.03 * total_steps))
+    if step < warmup:
+        return args.lr * (step + 1) / warmup
+    return args.lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
+
+
+def save_atomic(write, path):
+    """Write ``path`` through ``write(tmp_path)`` then rename: readers see the old file or the new one."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(state, path):
+    save_atomic(lambda tmp: torch.save(state, tmp), path)
+
+
+def load_checkpoint(path, device):
+    return torch.load(path, map_location=device, weights_only=False)
+
+
+def _gather_rng(rank, world, device):
+    """Every rank's torch RNG state, collected on rank 0 (None elsewhere)."""
+    mine = torch.get_rng_state().to(device)
+    states = [torch.empty_like(mine) for _ in range(world)] if rank == 0 else None
+    api.gather(mine, states, dst=0)
+    return [s.cpu() for s in states] if rank == 0 else None
+
+
+@torch.no_grad()
+def evaluate(model, test_set, rank, world, device, batch=1000):
+    """Loss and accuracy on the whole test set; each rank scores every world-th example."""
+    model.eval()
+    x, y = test_set.tensors[0][rank::world], test_set.tensors[1][rank::world]
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    for i in range(0, len(y), batch):
+        xb, yb = x[i:i + batch].to(device), y[i:i + batch].to(device)
+        out = model.module(xb)
+        sums[0] += F.cross_entropy(out, yb, reduction="sum").double()
+        sums[1] += (out.argmax(1) == yb).sum().double()
+        sums[2] += len(yb)
+    api.all_reduce(sums)
+    model.train()
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+
+
+def write_outputs(out, history):
+    """metrics.json, metrics.csv and curves.png from the per-epoch records."""
+    save_atomic(lambda tmp: json.dump(history, open(tmp, "w"), indent=1), os.path.join(out, "metrics.json"))
+
+    def write_csv(tmp):
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(history[0]))
+            w.writeheader()
+            w.writerows(history)
+    save_atomic(write_csv, os.path.join(out, "metrics.csv"))
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    epochs = [h["epoch"] for h in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    a.plot(epochs, [h["train_loss"] for h in history], "o-", label="train")
+    a.plot(epochs, [h["test_loss"] for h in history], "o-", label="test")
+    a.set_xlabel("epoch"), a.set_ylabel("cross-entropy loss"), a.legend()
+    b.plot(epochs, [100 * h["test_accuracy"] for h in history], "o-")
+    b.set_xlabel("epoch"), b.set_ylabel("test accuracy (%)")
+    fig.suptitle(f"MNIST, {history[-1]['world_size']} ranks")
+    fig.tight_layout()
+    save_atomic(lambda tmp: fig.savefig(tmp, format="png", dpi=100), os.path.join(out, "curves.png"))
+    plt.close(fig)
+
+
+def worker(args):
+    """One rank of the job. Its place in the job comes from the environment (see launch.py)."""
+    rank, local_rank, world, local_world = launch.place()
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    backend = pick_backend(args.backend, args.device, local_world)
+    launch.gpus_needed(backend, local_world)
+    device = pick_device(args.device, backend, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+                            device_id=device if backend == "nccl" else None)
+    try:
+        train(args, rank, world, device, backend)
+    finally:
+        dist.destroy_process_group()
+
+
+def train(args, rank, world, device, backend):
+    # Only rank 0 may download or unpack; the others read once it is done.
+    root = prepare_mnist(args.data_dir, download=True) if rank == 0 else None
+    api.barrier()
+    if rank != 0:
+        root = prepare_mnist(args.data_dir, download=False)
+    train_set = load_mnist(root, train=True, subset=args.subset)
+    test_set = load_mnist(root, train=False, subset=args.subset)
+    loader = train_loader(train_set, args.batch_size, rank, world, seed=args.seed, how=args.split)
+    steps_per_epoch = len(loader)
+    total_steps = args.epochs * steps_per_epoch
+    if args.max_steps:
+        total_steps = min(total_steps, args.max_steps)
+
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    model = Net().to(device)
+    ckpt_path = os.path.join(args.out, "checkpoint.pt")
+    ckpt = load_checkpoint(ckpt_path, device) if args.resume and os.path.exists(ckpt_path) else None
+    if ckpt:
+        model.load_state_dict(ckpt["model"])
+    if args.sync == "naive":
+        model = NaiveDataParallel(model, algorithm=args.algorithm)
+    else:
+        model = DataParallel(model, bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                          weight_decay=args.weight_decay)
+    epoch, start, history = 0, 0, []
+    if ckpt:
+        opt.load_state_dict(ckpt["optimizer"])
+        epoch, start, history = ckpt["epoch"], ckpt["step"], ckpt["history"]
+        if len(ckpt["rng"]) == world:
+            torch.set_rng_state(ckpt["rng"][rank])
+        random.setstate(ckpt["python_rng"])
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        where = f"resuming at epoch {epoch + 1}, step {start}" if ckpt else "starting"
+        print(f"collectives.train: {where}; {world} ranks, backend {backend}, device {device.type}, "
+              f"{args.sync} sync, global batch {args.batch_size} "
+              f"({per_rank_batch(args.batch_size, world)} per rank), {steps_per_epoch} steps per epoch",
+              flush=True)
+
+    def checkpoint(epoch, step):
+        rng = _gather_rng(rank, world, device)
+        if rank == 0:
+            save_checkpoint({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
+                             "epoch": epoch, "step": step, "rng": rng, "python_rng": random.getstate(),
+                             "history": history, "args": vars(args)}, ckpt_path)
+
+    step = epoch * steps_per_epoch + start
+    while epoch < args.epochs and step < total_steps:
+        t0 = time.perf_counter()
+        if args.split == "sampler":
+            loader.sampler.set_epoch(epoch)
+        n_run = min(steps_per_epoch, total_steps - epoch * steps_per_epoch) - start
+        batches = itertools.islice(loader, start, start + n_run)
+        if rank == 0 and not args.no_progress:
+            from tqdm import tqdm
+            batches = tqdm(batches, total=n_run, desc=f"epoch {epoch + 1}/{args.epochs}",
+                           leave=False, file=sys.stdout, dynamic_ncols=True)
+        sums = torch.zeros(2, dtype=torch.float64, device=device)
+        for x, y in batches:
+            launch.inject_fault(rank, step)
+            for group in opt.param_groups:
+                group["lr"] = learning_rate(args, step, total_steps)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            sums[0] += loss.detach().double() * len(y)
+            sums[1] += len(y)
+            step += 1
+            start += 1
+            if args.checkpoint_every and step % args.checkpoint_every == 0 and start < steps_per_epoch:
+                checkpoint(epoch, start)
+        api.all_reduce(sums)
+        test_loss, test_acc = evaluate(model, test_set, rank, world, device)
+        finished = start >= steps_per_epoch
+        record = {"epoch": epoch + 1, "steps": step, "train_loss": (sums[0] / sums[1]).item(),
+                  "test_loss": test_loss, "test_accuracy": test_acc,
+                  "epoch_seconds": round(time.perf_counter() - t0, 2), "world_size": world}
+        history.append(record)
+        if finished:
+            epoch, start = epoch + 1, 0
+        checkpoint(epoch, start)
+        if rank == 0:
+            write_outputs(args.out, history)
+            print(f"epoch {record['epoch']}/{args.epochs}: train loss {record['train_loss']:.4f}, "
+                  f"test loss {test_loss:.4f}, test accuracy {100 * test_acc:.2f}% "
+                  f"({record['epoch_seconds']:.1f} s)", flush=True)
+    if rank == 0 and history:
+        print(f"done: test accuracy {100 * history[-1]['test_accuracy']:.2f}% after {step} steps; "
+              f"outputs in {args.out}", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not launch.under_torchrun():
+        if args.world_size < 1:
+            sys.exit(f"--world-size must be at least 1, got {args.world_size}")
+        try:
+            launch.gpus_needed(pick_backend(args.backend, args.device, args.world_size), args.world_size)
+            per_rank_batch(args.batch_size, args.world_size)
+        except (RuntimeError, ValueError) as exc:
+            sys.exit(f"collectives.train: {exc}")
+    try:
+        code = launch.launch(worker, args.world_size, (args,))
+    except RuntimeError as exc:
+        sys.exit(f"collectives.train: {exc}")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The training job end to end on a small MNIST subset, and the data plumbing under it.
+
+MNIST comes from a read-only copy (``../shared/data`` beside the repository, or
+``$COLLECTIVES_TEST_DATA``) and is unpacked into a per-session cache; tests
+never download. Helpers here are shared with test_launch.py and test_resume.py.
+"""
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from collectives import data
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MNIST_SRC = os.environ.get("COLLECTIVES_TEST_DATA", os.path.join(REPO, "..", "shared", "data"))
+needs_mnist = pytest.mark.skipif(not os.path.isdir(os.path.join(MNIST_SRC, "MNIST", "raw")),
+                                 reason=f"no MNIST copy at {MNIST_SRC} (set COLLECTIVES_TEST_DATA)")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+SMALL = ["--subset", "512", "--batch-size", "64", "--epochs", "1", "--max-steps", "4", "--no-progress"]
+
+
+def mnist_env(tmp_path_factory, **extra):
+    """Environment for a training subprocess: read-only MNIST, a session-wide unpack cache."""
+    env = dict(os.environ, COLLECTIVES_DATA=MNIST_SRC, COLLECTIVES_TIMEOUT="60",
+               COLLECTIVES_CACHE=str(tmp_path_factory.getbasetemp() / "mnist-cache"))
+    env.pop("MASTER_PORT", None)
+    env.update(extra)
+    return env
+
+
+def run_train(args, env, timeout=180, module="collectives.train", prefix=()):
+    return subprocess.run([sys.executable, *prefix, "-m", module, *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def check_ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+
+def test_distributed_sampler_reshuffles_only_with_set_epoch():
+    dataset = list(range(40))
+
+    def orders(set_epoch):
+        samplers = [DistributedSampler(dataset, num_replicas=4, rank=r, shuffle=True, seed=7)
+                    for r in range(4)]
+        out = []
+        for epoch in range(2):
+            if set_epoch:
+                for s in samplers:
+                    s.set_epoch(epoch)
+            out.append([list(s) for s in samplers])
+        return out
+
+    forgot, remembered = orders(False), orders(True)
+    assert forgot[0] == forgot[1]              # what goes wrong: the same order every epoch
+    assert remembered[0] != remembered[1]
+    for epoch in remembered:                   # either way each epoch is split disjointly
+        assert sorted(i for shard in epoch for i in shard) == dataset
+
+
+def test_data_partitioner_splits_disjointly_and_loader_splits_the_batch():
+    dataset = [(torch.tensor([float(i)]), i) for i in range(48)]
+    parts = [data.DataPartitioner(dataset, [0.25] * 4, seed=3).use(r) for r in range(4)]
+    seen = [label for p in parts for _, label in p]
+    assert sorted(seen) == list(range(48)) and len(parts[0]) == 12
+    loader = data.train_loader(dataset, global_batch_size=16, rank=1, world_size=4, how="partition")
+    assert [len(y) for _, y in loader] == [4, 4, 4]
+    with pytest.raises(ValueError, match="multiple of 4"):
+        data.per_rank_batch(18, 4)
+
+
+@needs_mnist
+def test_read_only_data_dir_is_unpacked_into_a_cache(tmp_path, monkeypatch):
+    src = tmp_path / "ro" / "MNIST" / "raw"
+    src.mkdir(parents=True)
+    for f in data.FILES:
+        shutil.copy(os.path.join(MNIST_SRC, "MNIST", "raw", f + ".gz"), src)
+    os.chmod(src, stat.S_IRUSR | stat.S_IXUSR)
+    monkeypatch.setenv("COLLECTIVES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLLECTIVES_DATA", str(tmp_path / "ro"))
+    try:
+        root = data.prepare_mnist()
+        assert root == str(tmp_path / "cache" / "mnist")
+        assert sorted(os.listdir(src)) == sorted(f + ".gz" for f in data.FILES)   # untouched
+        test_set = data.load_mnist(root, train=False, subset=100)
+        assert test_set.tensors[0].shape == (100, 1, 28, 28)
+        assert abs(test_set.tensors[0].mean().item()) < 1   # normalised
+        assert data.prepare_mnist(download=False) == root    # what the other ranks do
+    finally:
+        os.chmod(src, stat.S_IRWXU)
+
+
+def test_missing_data_without_network_says_where_to_put_it(tmp_path, monkeypatch):
+    from torchvision.datasets import MNIST
+    monkeypatch.setattr(MNIST, "mirrors", [f"file://{tmp_path}/no-such-mirror/"])
+    with pytest.raises(FileNotFoundError) as err:
+        data.prepare_mnist(str(tmp_path / "empty"))
+    msg = str(err.value)
+    assert os.path.join(str(tmp_path / "empty"), "MNIST", "raw") in msg
+    assert "COLLECTIVES_DATA" in msg and "train-images-idx3-ubyte.gz" in msg
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has GPUs")
+def test_nccl_without_gpus_explains_itself(tmp_path_factory):
+    proc = run_train(["--backend", "nccl", "--world-size", "2"], mnist_env(tmp_path_factory), timeout=60)
+    assert proc.returncode != 0
+    assert "nccl needs one GPU per rank" in proc.stderr and "--backend gloo" in proc.stderr
+
+
+@needs_mnist
+def test_train_spawns_workers_and_writes_outputs(tmp_path, tmp_path_factory):
+    out = tmp_path / "run"
+    proc = run_train(["--world-size", "2", "--out", str(out), "--sync", "naive", "--split", "partition",
+                      "--algorithm", "ring", *SMALL], mnist_env(tmp_path_factory))
+    check_ok(proc)
+    assert proc.stdout.count("epoch 1/1:") == 1          # rank 0 alone prints
+    assert "2 ranks, backend gloo" in proc.stdout
+    history = json.loads((out / "metrics.json").read_text())
+    assert history[0]["steps"] == 4 and 0 <= history[0]["test_accuracy"] <= 1
+    assert (out / "metrics.csv").read_text().startswith("epoch,")
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert {"model", "optimizer", "epoch", "step", "rng"} <= set(ckpt) and len(ckpt["rng"]) == 2
+
+
+@needs_gpu
+@needs_mnist
+def test_nccl_world_of_one_trains(tmp_path, tmp_path_factory):
+    proc = run_train(["--world-size", "1", "--backend", "nccl", "--out", str(tmp_path), *SMALL],
+                     mnist_env(tmp_path_factory))
+    check_ok(proc)
+    assert "backend nccl, device cuda" in proc.stdout
+
+
+@needs_gpu
+@needs_mnist
+def test_gloo_ranks_share_a_gpu_with_cuda_tensors(tmp_path, tmp_path_factory):
+    proc = run_train(["--world-size", "2", "--backend", "gloo", "--device", "cuda", "--out", str(tmp_path),
+                      *SMALL], mnist_env(tmp_path_factory))
+    check_ok(proc)
+    assert "backend gloo, device cuda" in proc.stdout
