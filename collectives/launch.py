@@ -16,6 +16,7 @@ returns a non-zero exit code. Workers also get SIGINT if the launcher itself
 dies, so no process is left behind.
 """
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -98,14 +99,8 @@ def launch(fn, world_size, args=()):
     try:
         while not context.join(grace_period=3):
             pass
-    except mp.ProcessRaisedException as exc:
-        print(f"collectives.launch: rank {exc.error_index} of {world_size} failed; the other ranks "
-              f"were stopped. Its traceback:{exc}", file=sys.stderr)
-        return 1
-    except mp.ProcessExitedException as exc:
-        how = f"signal {exc.signal_name}" if exc.signal_name else f"exit code {exc.exit_code}"
-        print(f"collectives.launch: rank {exc.error_index} of {world_size} died ({how}) without a "
-              f"Python traceback; the other ranks were stopped.", file=sys.stderr)
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        print(_failure_report(context, exc.error_index, world_size), file=sys.stderr)
         return 1
     finally:
         for p in context.processes:
@@ -113,6 +108,39 @@ def launch(fn, world_size, args=()):
                 p.kill()
             p.join()
     return 0
+
+
+def _failure_report(context, first_seen, world_size):
+    """Name the rank that caused the failure and show its traceback.
+
+    When one rank dies, its peers fail too, with a CollectiveError about the
+    lost connection, and on a busy machine the launcher may notice one of them
+    first. The cause is the rank that failed for another reason.
+    """
+    failures = {}
+    for i, p in enumerate(context.processes):
+        tb = None
+        if os.access(context.error_files[i], os.R_OK):
+            with open(context.error_files[i], "rb") as f:
+                tb = pickle.load(f)
+        if tb:
+            failures[i] = tb
+        elif p.exitcode is not None and p.exitcode < 0 and (i == first_seen or p.exitcode != -signal.SIGTERM):
+            failures[i] = None     # killed by a signal, no Python traceback
+    secondary = [i for i, tb in failures.items() if tb and "CollectiveError" in tb]
+    cause = next((i for i in failures if i not in secondary), first_seen)
+    tb = failures.get(cause)
+    if tb:
+        text = f"rank {cause} of {world_size} failed; the other ranks were stopped. Its traceback:\n{tb}"
+    else:
+        code = context.processes[cause].exitcode
+        how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+        text = (f"rank {cause} of {world_size} died ({how}) without a Python traceback; "
+                f"the other ranks were stopped.")
+    others = sorted(i for i in failures if i != cause)
+    if others:
+        text += f"\n(rank(s) {others} failed after it, waiting on it)"
+    return "collectives.launch: " + text
 
 
 def inject_fault(rank, step):
