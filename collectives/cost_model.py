@@ -21,6 +21,8 @@ algorithms hide most of gamma).
 """
 import math
 
+from .algorithms import all_reduce_ring_pipelined, broadcast_pipeline
+
 
 def _fold(n):
     p = 1 << (n.bit_length() - 1)
@@ -52,7 +54,7 @@ def fit(p2p_rows):
             "gamma": gamma}
 
 
-def predict(collective, algorithm, n, size, params, segment_bytes=1 << 20):
+def predict(collective, algorithm, n, size, params):
     """Predicted seconds for ``algorithm`` of ``collective`` on ``n`` ranks and ``size`` bytes."""
     a, b, g = params["alpha"], params["beta"], params["gamma"]
     s = float(size)
@@ -66,7 +68,8 @@ def predict(collective, algorithm, n, size, params, segment_bytes=1 << 20):
     if key == ("all_reduce", "ring"):
         return 2 * (n - 1) * a + 2 * (n - 1) * m * b + (n - 1) * m * g
     if key == ("all_reduce", "ring_pipelined"):
-        k = max(1, math.ceil(m / segment_bytes))
+        k = max(1, min(all_reduce_ring_pipelined.MAX_SEGMENTS,
+                       math.ceil(m / all_reduce_ring_pipelined.SEGMENT_BYTES)))
         seg = m / k
         # Reduction of segment j overlaps with the transfer of j+1: per step, the slower of the two.
         return (2 * (n - 1) * k * a + (n - 1) * m * max(b, g) + seg * min(b, g)
@@ -87,7 +90,7 @@ def predict(collective, algorithm, n, size, params, segment_bytes=1 << 20):
         if algorithm == "binomial_tree":
             return lg * (a + s * b)
         if algorithm == "pipeline":
-            k = max(1, math.ceil(s / segment_bytes))
+            k = max(1, math.ceil(s / broadcast_pipeline.SEGMENT_BYTES))
             return (n - 2 + k) * (a + s / k * b)
         if algorithm == "scatter_allgather":
             return lg * a + (n - 1) * m * b + (n - 1) * (a + m * b)

@@ -8,6 +8,7 @@ validation, reshaping, staging and dispatch around them.
 """
 from . import (all_gather_recursive_doubling, all_gather_ring, all_reduce_naive_ring,
                all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring,
+               all_reduce_ring_pipelined,
                all_reduce_tree, all_to_all_linear, all_to_all_pairwise, barrier_dissemination,
                broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
                broadcast_scatter_allgather, gather_binomial_tree, gather_linear,
@@ -28,6 +29,7 @@ REGISTRY = {
     "all_reduce": {
         "naive_ring": all_reduce_naive_ring.all_reduce,
         "ring": all_reduce_ring.all_reduce,
+        "ring_pipelined": all_reduce_ring_pipelined.all_reduce,
         "recursive_doubling": all_reduce_recursive_doubling.all_reduce,
         "rabenseifner": all_reduce_rabenseifner.all_reduce,
         "tree": all_reduce_tree.all_reduce,
