@@ -187,6 +187,7 @@ def worker(args):
 
 
 def train(args, rank, world, device, backend):
+    started = time.perf_counter()
     # Only rank 0 may download or unpack; the others read once it is done.
     root = prepare_mnist(args.data_dir, download=True) if rank == 0 else None
     api.barrier()
@@ -278,8 +279,8 @@ def train(args, rank, world, device, backend):
                   f"test loss {test_loss:.4f}, test accuracy {100 * test_acc:.2f}% "
                   f"({record['epoch_seconds']:.1f} s)", flush=True)
     if rank == 0 and history:
-        print(f"done: test accuracy {100 * history[-1]['test_accuracy']:.2f}% after {step} steps; "
-              f"outputs in {args.out}", flush=True)
+        print(f"done: test accuracy {100 * history[-1]['test_accuracy']:.2f}% after {step} steps, "
+              f"{time.perf_counter() - started:.0f} s; outputs in {args.out}", flush=True)
 
 
 def main(argv=None):

@@ -1,0 +1,65 @@
+"""A run killed mid-epoch and resumed ends bitwise where an uninterrupted run ends.
+
+World of 2, 256 training examples, global batch 32: 8 steps per epoch, 2
+epochs, a checkpoint every 3 steps. ``COLLECTIVES_FAULT=1:11`` SIGKILLs rank 1
+just before step 11 (in the second epoch, two steps after the last
+checkpoint); the launcher stops rank 0 and exits non-zero; ``--resume``
+continues from the checkpoint.
+"""
+import os
+import subprocess
+import sys
+
+import torch
+
+from collectives.train import load_checkpoint
+from tests.test_train import REPO, check_ok, mnist_env, needs_mnist, run_train
+
+ARGS = ["--world-size", "2", "--subset", "256", "--batch-size", "32", "--epochs", "2",
+        "--checkpoint-every", "3", "--seed", "5", "--no-progress"]
+
+
+@needs_mnist
+def test_killed_and_resumed_run_matches_uninterrupted_run(tmp_path, tmp_path_factory):
+    env = mnist_env(tmp_path_factory)
+    check_ok(run_train([*ARGS, "--out", str(tmp_path / "straight")], env))
+
+    out = str(tmp_path / "interrupted")
+    killed = run_train([*ARGS, "--out", out], dict(env, COLLECTIVES_FAULT="1:11"))
+    assert killed.returncode != 0 and "rank 1 of 2 died (signal SIGKILL)" in killed.stderr, killed.stderr
+    at_kill = load_checkpoint(os.path.join(out, "checkpoint.pt"), "cpu")
+    assert (at_kill["epoch"], at_kill["step"]) == (1, 1)      # after step 9 = epoch 2, batch 1
+    resumed = run_train([*ARGS, "--out", out, "--resume"], env)
+    check_ok(resumed)
+    assert "resuming at epoch 2, step 1" in resumed.stdout
+
+    a = load_checkpoint(os.path.join(tmp_path, "straight", "checkpoint.pt"), "cpu")
+    b = load_checkpoint(os.path.join(out, "checkpoint.pt"), "cpu")
+    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 0)
+    for name, value in a["model"].items():
+        assert torch.equal(value, b["model"][name]), name
+    for s, t in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(s["momentum_buffer"], t["momentum_buffer"])
+    assert a["history"][-1]["test_accuracy"] == b["history"][-1]["test_accuracy"]
+    assert sorted(os.listdir(out)) == ["checkpoint.pt", "curves.png", "metrics.csv", "metrics.json"]
+
+
+TORN_WRITE = """
+import os, signal, sys, torch
+from collectives.train import save_checkpoint
+save_checkpoint({"w": torch.ones(1000)}, sys.argv[1])
+def torn(obj, f):                      # half a file, then the process is killed
+    with open(f, "wb") as fh:
+        fh.write(b"PK\\x03\\x04 half a checkpoint")
+        fh.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = torn
+save_checkpoint({"w": torch.zeros(1000)}, sys.argv[1])
+"""
+
+
+def test_kill_during_checkpoint_write_leaves_the_previous_one(tmp_path):
+    path = str(tmp_path / "checkpoint.pt")
+    proc = subprocess.run([sys.executable, "-c", TORN_WRITE, path], cwd=REPO, timeout=120)
+    assert proc.returncode == -9
+    assert torch.equal(load_checkpoint(path, "cpu")["w"], torch.ones(1000))
