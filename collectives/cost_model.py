@@ -10,7 +10,9 @@ Sizes follow nccl-tests (and ``collectives.bench``): ``size`` is the tensor
 for all_reduce, broadcast and reduce, the whole output for all_gather and
 gather, the whole input for reduce_scatter, scatter and all_to_all; one rank's
 piece is m = size / N. P is the largest power of two <= N, E = N - P ranks
-fold into it, L = ceil(log2 N).
+fold into it, L = ceil(log2 N). A root that posts N-1 messages at once
+("linear") still pays N-1 alphas: alpha is mostly the sender's CPU time per
+message, and one rank's messages queue behind each other.
 
 :func:`fit` gets alpha and beta from ping-pong and gamma from a local
 reduction, as ``collectives.bench`` measures them. Where it breaks (see
@@ -86,7 +88,7 @@ def predict(collective, algorithm, n, size, params):
         return lg * (a + s * b + s * g) + lg * (a + s * b)
     if collective == "broadcast":
         if algorithm == "linear":
-            return a + (n - 1) * s * b
+            return (n - 1) * (a + s * b)
         if algorithm == "binomial_tree":
             return lg * (a + s * b)
         if algorithm == "pipeline":
@@ -96,7 +98,7 @@ def predict(collective, algorithm, n, size, params):
             return lg * a + (n - 1) * m * b + (n - 1) * (a + m * b)
     if collective == "reduce":
         if algorithm == "linear":
-            return a + (n - 1) * s * (b + g)
+            return (n - 1) * (a + s * (b + g))
         if algorithm == "binomial_tree":
             return lg * (a + s * b + s * g)
     if collective == "all_gather":
@@ -113,12 +115,12 @@ def predict(collective, algorithm, n, size, params):
             return lp * a + (p - 1) / p * s * (b + g) + fold
     if collective == "all_to_all":
         if algorithm == "linear":
-            return a + (n - 1) * m * b
+            return (n - 1) * (a + m * b)
         if algorithm == "pairwise":
             return (n - 1) * (a + m * b)
     if collective in ("gather", "scatter"):
         if algorithm == "linear":
-            return a + (n - 1) * m * b
+            return (n - 1) * (a + m * b)
         if algorithm == "binomial_tree":
             return lg * a + (n - 1) * m * b
     if collective == "barrier":

@@ -1,0 +1,158 @@
+"""The benchmark runs and checks results; the cost model and algorithm=None behave.
+
+No timing is asserted here (targets live in docs/benchmarks.md, measured by
+``python -m collectives.bench``); these tests check that the tool measures
+the right things and that the model and the chooser follow their rules.
+"""
+import json
+import math
+
+import pytest
+import torch
+
+from collectives import bench, cost_model, tuning
+from collectives.algorithms import ALGORITHMS
+
+PARAMS = {"alpha": 50e-6, "beta": 1 / 1.5e9, "gamma": 1 / 5e9}
+
+
+def test_bench_smoke_two_ranks(tmp_path):
+    """Tiny sweep on 2 ranks: every row checked against the closed form, outputs written."""
+    out = tmp_path / "out"
+    table = tmp_path / "table.json"
+    bench.main(["-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "-c", "all_reduce,all_gather,broadcast",
+                "--iters", "2", "-w", "1", "--batch", "1", "--out", str(out),
+                "--write-table", str(table), "--timeout", "120"])
+    data = json.loads((out / "results.json").read_text())
+    rows = data["rows"]
+    for collective in ("all_reduce", "all_gather", "broadcast"):
+        labels = {r["algorithm"] for r in rows if r["collective"] == collective}
+        assert labels == set(ALGORITHMS[collective]) | {"builtin", "default"}
+    assert {r["size"] for r in rows} == {1024, 4096}
+    assert all(r["check"] == "ok" for r in rows)
+    for r in rows:
+        assert r["time_us"] > 0
+        assert math.isclose(r["busbw_GBps"],
+                            r["algbw_GBps"] * bench.busbw_factor(r["collective"], r["world_size"]))
+        assert (r["vs_builtin"] == 1.0) == (r["algorithm"] == "builtin")
+        assert (r["default_over_best"] is not None) == (r["algorithm"] == "default")
+    assert data["p2p"] and data["model"]["2"]["alpha"] >= 0 and data["model"]["2"]["beta"] > 0
+    assert (out / "report.md").read_text().count("| all_reduce | 2 |") == 2 * (len(ALGORITHMS["all_reduce"]) + 2)
+    assert (out / "all_reduce_n2.png").exists() and (out / "model_vs_measured.png").exists()
+    choices = json.loads(table.read_text())["choices"]
+    assert set(choices) == {"all_reduce", "all_gather", "broadcast"}
+    assert all(name in ALGORITHMS["all_reduce"] for _, name in choices["all_reduce"]["2"])
+
+
+@pytest.mark.parametrize("collective", bench.COLLECTIVES)
+def test_case_closed_form_catches_a_wrong_result(collective):
+    """The bench's checker rejects a result that differs in one element (world of 3, rank 0)."""
+    case = bench.Case(collective, 96, torch.float32, bench.OPS["sum"], torch.device("cpu"), 0, 3)
+    name, value = case.expected()
+
+    class Fake:
+        def __getattr__(self, attr):
+            def run(*args, **kw):
+                b = buffers[0]
+                target = b[name]
+                values = value if isinstance(value, list) else [value]
+                targets = target if isinstance(target, list) else [target]
+                for t, v in zip(targets, values):
+                    t.copy_(v)
+                targets[-1].view(-1)[-1] += 1
+            return run
+    buffers = []
+    original = case.buffers
+    case.buffers = lambda encoded: buffers.append(original(encoded)) or buffers[-1]
+    assert case.check(Fake()) is not None
+
+
+def test_busbw_factors_match_nccl_tests():
+    assert bench.busbw_factor("all_reduce", 4) == 1.5
+    assert bench.busbw_factor("all_gather", 4) == 0.75
+    assert bench.busbw_factor("reduce_scatter", 8) == 7 / 8
+    assert bench.busbw_factor("broadcast", 4) == bench.busbw_factor("reduce", 4) == 1.0
+
+
+def test_sizes_follow_nccl_tests_flags():
+    args = bench.build_parser().parse_args(["-b", "4K", "-e", "64K", "-f", "4"])
+    assert bench.sizes_from(args) == [4096, 16384, 65536]
+    args = bench.build_parser().parse_args(["-b", "1M", "-e", "3M", "-f", "1", "-i", "1M"])
+    assert bench.sizes_from(args) == [1 << 20, 2 << 20, 3 << 20]
+
+
+def test_fit_recovers_alpha_and_beta():
+    rows = [{"size": s, "pingpong_oneway_us": 1e6 * (20e-6 + s / 2e9),
+             "ring_exchange_us": 1e6 * (30e-6 + s / 1e9), "reduce_us": 1e6 * s / 4e9}
+            for s in (4, 1024, 65536, 1 << 20, 16 << 20)]
+    p = cost_model.fit(rows)
+    assert math.isclose(p["alpha"], 20e-6, rel_tol=1e-6)
+    assert math.isclose(1 / p["beta"], 2e9, rel_tol=1e-6)
+    assert math.isclose(1 / p["beta_ring"], 1e9, rel_tol=1e-6)
+    assert math.isclose(1 / p["gamma"], 4e9, rel_tol=1e-3)
+
+
+def test_model_matches_the_cards():
+    a, b, g = PARAMS["alpha"], PARAMS["beta"], PARAMS["gamma"]
+    s = 1 << 20
+    for n in (2, 4, 8):
+        ring = cost_model.predict("all_reduce", "ring", n, s, PARAMS)
+        assert math.isclose(ring, 2 * (n - 1) * a + 2 * (n - 1) / n * s * b + (n - 1) / n * s * g)
+        rd = cost_model.predict("all_reduce", "recursive_doubling", n, s, PARAMS)
+        assert math.isclose(rd, math.log2(n) * (a + s * b + s * g))
+    # Not a power of two: the fold costs two more messages of S and one more reduction.
+    assert math.isclose(cost_model.predict("all_reduce", "recursive_doubling", 3, s, PARAMS),
+                        (a + s * b + s * g) + 2 * (a + s * b) + s * g)
+    assert cost_model.predict("all_reduce", "ring", 1, s, PARAMS) == 0.0
+    # Every registered algorithm of every collective has a formula.
+    for collective, names in ALGORITHMS.items():
+        for name in names:
+            assert not math.isnan(cost_model.predict(collective, name, 4, s, PARAMS)), (collective, name)
+
+
+def test_model_crossovers():
+    """Latency-bound sizes favour few steps, bandwidth-bound sizes few bytes."""
+    names = ALGORITHMS["all_reduce"]
+    assert cost_model.best("all_reduce", names, 8, 64, PARAMS) == "recursive_doubling"
+    assert cost_model.best("all_reduce", names, 8, 64 << 20, PARAMS) in ("ring", "ring_pipelined",
+                                                                         "rabenseifner")
+    assert cost_model.best("broadcast", ALGORITHMS["broadcast"], 8, 64, PARAMS) == "binomial_tree"
+    assert cost_model.best("all_gather", ALGORITHMS["all_gather"], 8, 64 << 20, PARAMS) in (
+        "ring", "recursive_doubling")
+
+
+def test_choose_reads_the_measured_table(tmp_path, monkeypatch):
+    table = {"choices": {"all_reduce": {"4": [[4096, "tree"], [1 << 20, "rabenseifner"],
+                                              [64 << 20, "ring"]]}},
+             "model": PARAMS}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setattr(tuning, "_table", lambda: json.loads(path.read_text()))
+    tuning.choose.cache_clear()
+    try:
+        assert tuning.choose("all_reduce", 4096, 4) == "tree"
+        assert tuning.choose("all_reduce", 1, 4) == "tree"             # below the table: its first entry
+        assert tuning.choose("all_reduce", 1 << 20, 4) == "rabenseifner"
+        assert tuning.choose("all_reduce", 7 << 20, 4) == "rabenseifner"  # nearer 1M than 64M on a log scale
+        assert tuning.choose("all_reduce", 1 << 30, 4) == "ring"
+        # A group size the table lacks: the model with the table's parameters.
+        assert tuning.choose("all_reduce", 64, 8) == cost_model.best("all_reduce", ALGORITHMS["all_reduce"],
+                                                                      8, 64, PARAMS)
+        assert tuning.choose("barrier", 0, 4) == "dissemination"
+    finally:
+        tuning.choose.cache_clear()
+
+
+def test_choose_always_names_a_registered_algorithm():
+    tuning.choose.cache_clear()
+    for collective, names in ALGORITHMS.items():
+        for n in (1, 2, 3, 4, 5, 8, 16):
+            for nbytes in (0, 1, 4096, 1 << 20, 256 << 20):
+                assert tuning.choose(collective, nbytes, n) in names
+
+
+def test_best_from_rows_ignores_builtin_default_and_debug():
+    rows = [{"collective": "all_reduce", "world_size": 2, "size": 4096, "algorithm": a, "time_us": t}
+            for a, t in (("builtin", 1.0), ("default", 2.0), ("ring+debug", 0.5), ("ring", 9.0),
+                         ("tree", 8.0))]
+    assert tuning.best_from_rows(rows) == {"all_reduce": {"2": [[4096, "tree"]]}}
