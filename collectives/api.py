@@ -28,9 +28,11 @@ class _Call:
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError(f"{self.where}: the default process group is not initialised; "
                              f"call torch.distributed.init_process_group(...) first")
+        # new_group() hands ranks outside the group this marker instead of a group
+        outside = group is dist.GroupMember.NON_GROUP_MEMBER
         if group is None:
             group = dist.group.WORLD
-        elif not isinstance(group, dist.ProcessGroup):
+        elif not outside and not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"{self.where}: group must be a process group from "
                             f"torch.distributed.new_group(...) or None, got {type(group).__name__}")
         if algorithm is not None and algorithm not in ALGORITHMS[collective]:
@@ -38,7 +40,7 @@ class _Call:
                              f"{', '.join(ALGORITHMS[collective])}")
         self.group = group
         self.algorithm = algorithm
-        self.ranks = dist.get_process_group_ranks(group)
+        self.ranks = [] if outside else dist.get_process_group_ranks(group)
         self.member = dist.get_rank() in self.ranks
         self.size = len(self.ranks)
         backend = str(dist.get_backend(group)) if self.member else ""
@@ -71,7 +73,7 @@ class _Call:
     def check_list(self, name, tensors, like, same_shape=True):
         if not isinstance(tensors, (list, tuple)):
             raise TypeError(f"{self.where}: {name} must be a list of tensors, got {type(tensors).__name__}")
-        if len(tensors) != self.size:
+        if self.member and len(tensors) != self.size:
             raise ValueError(f"{self.where}: {name} must hold one tensor per rank of the group "
                              f"({self.size}), got {len(tensors)}")
         for i, t in enumerate(tensors):
