@@ -1,0 +1,76 @@
+"""The course cannot rot: shown code is the code on disk, shown output is what it prints.
+
+One module-scoped run executes every demo command of every chapter (shared
+worlds of 2 and 4 gloo ranks for the ``demo(rank, world_size)`` demos, the
+launcher demos as the shell commands the chapters show) and each chapter's
+output blocks are compared with it.
+"""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tutorials import sync
+
+ROOT = sync.ROOT
+CHAPTERS = sync.chapters()
+DEMOS = sorted((ROOT / "tutorials" / "demos").glob("ch[0-9][0-9]_*.py"))
+OUTPUTS = [(path.name, command, shown) for path in CHAPTERS
+           for command, shown in sync.outputs(path.read_text())]
+
+
+def test_nine_chapters_in_order():
+    numbers = [int(p.name[:2]) for p in CHAPTERS]
+    assert numbers == list(range(1, 10)), [p.name for p in CHAPTERS]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_included_code_matches_file(chapter):
+    shown = sync.includes(chapter.read_text())
+    assert shown, f"{chapter.name} includes no demo"
+    for path, body in shown:
+        assert body == (ROOT / path).read_text(), (
+            f"{chapter.name}: the block under 'include: {path}' differs from the file; "
+            f"run python -m tutorials.sync")
+
+
+def test_every_demo_is_included_and_run():
+    included = {p for c in CHAPTERS for p, _ in sync.includes(c.read_text())}
+    commands = " ".join(c for _, c, _ in OUTPUTS)
+    for demo in DEMOS:
+        rel = str(demo.relative_to(ROOT))
+        assert rel in included, f"{rel} is not shown in any chapter"
+        assert f"tutorials.demos.{demo.stem}" in commands, f"no chapter shows the output of {rel}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_links_and_pictures_exist(chapter):
+    text = chapter.read_text()
+    for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", text):
+        if "://" in target:
+            continue
+        path = (chapter.parent / target).resolve()
+        assert path.exists(), f"{chapter.name} links to missing {target}"
+        if path.suffix == ".png":
+            assert path.stat().st_size < 200_000, f"{target} is over 200 KB"
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{target} is not a PNG"
+
+
+@pytest.fixture(scope="module")
+def produced():
+    return sync.run_commands([command for _, command, _ in OUTPUTS], timeout=400)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter,command,shown", OUTPUTS, ids=[f"{c}:{cmd.split()[2] if len(cmd.split()) > 2 else cmd}"
+                                                                   for c, cmd, _ in OUTPUTS])
+def test_demo_prints_what_the_chapter_shows(produced, chapter, command, shown):
+    out, other_ranks = produced[command]
+    assert other_ranks == "", f"{command}: ranks other than 0 printed:\n{other_ranks}"
+    if "ch09_gpus" in command and torch.cuda.is_available():
+        # The chapter shows the CPU run; on a GPU machine the NCCL lines are extra.
+        assert out.startswith(shown.splitlines()[0])
+        return
+    assert out == shown, (f"{chapter}: output of {command!r} differs from the chapter "
+                          f"(python -m tutorials.sync --outputs rewrites it)")

@@ -1,0 +1,79 @@
+"""Chapter 5: the five all-reduce algorithms, counted, and the alpha-beta cost model.
+
+    python -m tutorials.demos.ch05_algorithms
+
+Each algorithm runs once under ``collectives.trace()``. From the messages it
+really sent, the alpha-beta model predicts its time: every step costs alpha
+(latency) plus beta times the largest message of that step (bandwidth), and
+steps run one after another. That prediction, evaluated at every message size,
+says which algorithm wins where.
+"""
+import torch
+import torch.distributed as dist
+
+import collectives
+from collectives import cost_model
+from tutorials.demos.common import run
+
+WORLD_SIZE = 4
+ALPHA = 5e-6           # seconds per step: latency of one message (a typical datacentre link)
+BETA = 1 / 12.5e9      # seconds per byte: 100 Gbit/s
+ELEMENTS = 4096        # traced once; steps and bytes per step scale with the size
+ALGORITHMS = ["naive_ring", "ring", "recursive_doubling", "rabenseifner", "tree"]
+
+
+def traced_steps(algorithm, rank, world_size):
+    """Per step, the largest message any rank sent (bytes), for one all_reduce of ELEMENTS floats."""
+    x = torch.full((ELEMENTS,), float(rank))
+    with collectives.trace() as messages:
+        collectives.all_reduce(x, algorithm=algorithm)
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, [(m.step, m.nbytes) for m in messages if m.kind == "send"])
+    largest = {}
+    for sent in everyone:
+        for step, nbytes in sent:
+            largest[step] = max(largest.get(step, 0), nbytes)
+    return [largest[s] for s in sorted(largest)]
+
+
+def predicted_time(steps, nbytes):
+    """alpha-beta time of an all_reduce of ``nbytes`` whose traced steps were for ELEMENTS floats."""
+    scale = nbytes / (ELEMENTS * 4)
+    return sum(ALPHA + BETA * b * scale for b in steps)
+
+
+def pretty(nbytes):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024:
+            return f"{nbytes:g} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:g} TiB"
+
+
+def demo(rank, world_size):
+    steps = {a: traced_steps(a, rank, world_size) for a in ALGORITHMS}
+    if rank != 0:
+        return
+    size = ELEMENTS * 4
+    print(f"all_reduce of S = {size} bytes on N = {world_size} ranks, as traced:")
+    print(f"  {'algorithm':20s} steps  bytes on the critical path")
+    for algorithm, per_step in steps.items():
+        print(f"  {algorithm:20s} {len(per_step):5d}  {sum(per_step):6d} = {sum(per_step) / size:g} S")
+
+    print(f"predicted time in us (alpha = {ALPHA * 1e6:g} us, beta = 1 / {1 / BETA / 1e9:g} GB/s):")
+    print(f"  {'size':>9s}" + "".join(f"{a[:12]:>13s}" for a in steps) + "  fastest")
+    params = {"alpha": ALPHA, "beta": BETA, "gamma": 0.0}
+    agree = True
+    for nbytes in [8, 1024, 32 * 1024, 256 * 1024, 1024 ** 2, 16 * 1024 ** 2, 256 * 1024 ** 2]:
+        times = {a: predicted_time(s, nbytes) for a, s in steps.items()}
+        best = min(times, key=times.get)
+        print(f"  {pretty(nbytes):>9s}" + "".join(f"{t * 1e6:13.1f}" for t in times.values())
+              + f"  {best}")
+        for a, t in times.items():
+            card = cost_model.predict("all_reduce", a, world_size, nbytes, params)
+            agree = agree and abs(card - t) <= 1e-9 * max(t, 1e-6)
+    print(f"collectives.cost_model.predict (the cards' formulas) gives the same times: {agree}")
+
+
+if __name__ == "__main__":
+    run(demo, WORLD_SIZE)

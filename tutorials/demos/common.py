@@ -1,0 +1,110 @@
+"""The launcher every demo after chapter 1 uses (chapter 1 spells it out by hand).
+
+``run(fn, world_size, *args)`` starts ``world_size`` processes with
+``torch.multiprocessing.spawn``, joins them into a gloo process group on a free
+port, calls ``fn(rank, world_size, *args)`` in each and returns what each rank
+returned, in rank order. ``fn`` must live in an importable module: the spawn
+start method pickles it by name, which is why notebooks import their demos.
+"""
+import contextlib
+import io
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port():
+    """A TCP port nobody listens on right now (never the default 29500)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, backend, env, fn, args, results):
+    os.environ.update(env)
+    # Every process would otherwise start one thread per core; N processes
+    # sharing a laptop's cores then mostly wait for each other.
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world_size)
+    try:
+        results.put((rank, fn(rank, world_size, *args)))
+    finally:
+        dist.destroy_process_group()
+
+
+def run(fn, world_size, *args, backend="gloo", env=None, timeout=300):
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results.
+
+    Args:
+        fn: A module-level function (spawn pickles it by name).
+        world_size (int): Number of processes.
+        *args: Passed to ``fn`` after ``rank, world_size``.
+        backend (str): "gloo" (CPU) or "nccl" (one GPU per rank).
+        env (dict, optional): Environment variables set in each process first.
+        timeout (float): Seconds before every process is killed and an error raised.
+
+    Returns:
+        list: ``fn``'s return value on rank 0, 1, ..., world_size - 1.
+
+    Example::
+
+        >>> run(hello, 2)   # hello(rank, world_size) returns f"rank {rank}"
+        ['rank 0', 'rank 1']
+    """
+    results = mp.get_context("spawn").SimpleQueue()
+    procs = mp.spawn(_worker, args=(world_size, free_port(), backend, env or {}, fn, args, results),
+                     nprocs=world_size, join=False)
+    out, deadline = {}, time.monotonic() + timeout
+    try:
+        # Drain while waiting: a child blocks on a full pipe until its result is read.
+        while True:
+            while not results.empty():
+                rank, value = results.get()
+                out[rank] = value
+            if procs.join(timeout=0.05):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{getattr(fn, '__name__', fn)} on {world_size} ranks did not "
+                                   f"finish in {timeout:g} s")
+    finally:
+        for p in procs.processes:
+            if p.is_alive():
+                p.kill()
+    while not results.empty():
+        rank, value = results.get()
+        out[rank] = value
+    return [out[r] for r in range(world_size)]
+
+
+def capture(rank, world_size, demos):
+    """Run each ``demo(rank, world_size)`` in turn; return what each printed on this rank.
+
+    Used by the notebooks and the tests to run many demos inside one world
+    (starting processes is the slow part) and show their output.
+    """
+    texts = []
+    for demo in demos:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            demo(rank, world_size)
+        dist.barrier()
+        texts.append(buf.getvalue())
+    return texts
+
+
+def print_ranks(text, group=None):
+    """Every rank calls this; rank 0 prints ``rank r: text`` for every rank, in rank order.
+
+    Printing from every rank interleaves lines unpredictably; gathering the
+    text to one rank first keeps the output readable and the same every run.
+    """
+    texts = [None] * dist.get_world_size(group) if dist.get_rank() == 0 else None
+    dist.gather_object(text, texts, dst=0, group=group)
+    if dist.get_rank() == 0:
+        for r, t in enumerate(texts):
+            print(f"  rank {r}: {t}")

@@ -1,0 +1,97 @@
+"""Traced runs for the figures and notebooks: each returns every rank's messages on rank 0.
+
+Functions here run inside a world started by ``tutorials.demos.common.run``;
+they live in a module (not a notebook cell) because spawn pickles them by name.
+"""
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import collectives
+from collectives.models import Net
+
+
+def gather_to_rank0(items):
+    """Concatenation of every rank's ``items`` on rank 0; None elsewhere."""
+    everyone = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(list(items), everyone, dst=0)
+    return sum(everyone, []) if dist.get_rank() == 0 else None
+
+
+def all_reduce_trace(rank, world_size, algorithm, elements):
+    """Messages of one all_reduce of ``elements`` float32 with ``algorithm``, after a warm-up."""
+    x = torch.full((elements,), float(rank))
+    collectives.all_reduce(x.clone(), algorithm=algorithm)   # first use opens the connections
+    collectives.barrier()          # start together: the picture shows the algorithm, not stragglers
+    with collectives.trace() as messages:
+        collectives.all_reduce(x, algorithm=algorithm)
+    return gather_to_rank0(messages)
+
+
+def all_reduce_traces(rank, world_size, algorithms, elements):
+    """{algorithm: messages} on rank 0, one traced all_reduce each."""
+    traces = {a: all_reduce_trace(rank, world_size, a, elements) for a in algorithms}
+    return traces if rank == 0 else None
+
+
+def training_step_trace(rank, world_size, bucket_cap_mb=0.05, batch=32):
+    """One DataParallel training step of the MNIST net on random data, traced.
+
+    Returns (messages, events) on rank 0: events are (rank, time, label) for
+    the start of backward and the moment autograd produced the last gradient,
+    so the picture shows which bucket reductions overlapped with backward.
+    """
+    torch.manual_seed(0)
+    model = collectives.DataParallel(Net(), bucket_cap_mb=bucket_cap_mb, algorithm="ring")
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    events = []
+    # conv1's weight is the first parameter, so its gradient is the last one autograd computes.
+    model.module.conv1.weight.register_post_accumulate_grad_hook(
+        lambda p: events.append((rank, time.time(), "last gradient computed")))
+    nn.functional.cross_entropy(model(x), y).backward()    # warm-up step, untraced
+    model.zero_grad()
+    events.clear()
+    collectives.barrier()
+    with collectives.trace() as messages:
+        loss = nn.functional.cross_entropy(model(x), y)
+        events.append((rank, time.time(), "backward starts"))
+        loss.backward()
+        events.append((rank, time.time(), "backward returns"))
+    return gather_to_rank0(messages), gather_to_rank0(events)
+
+
+def train_mnist(rank, world_size, data_dir, steps, losses, subset=2048, batch_size=64):
+    """Train the MNIST net with DataParallel for ``steps`` steps; rank 0 puts (step, loss) on ``losses``.
+
+    ``losses`` is a queue the notebook reads while training runs (the live curve).
+    The loss sent is the global batch's mean loss (averaged over the ranks).
+    """
+    from collectives.data import load_mnist, prepare_mnist, train_loader
+    root = prepare_mnist(data_dir, download=False) if rank != 0 else prepare_mnist(data_dir)
+    dataset = load_mnist(root, subset=subset)
+    loader = train_loader(dataset, batch_size, rank, world_size)
+    torch.manual_seed(0)
+    model = collectives.DataParallel(Net())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step, epoch = 0, 0
+    while step < steps:
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            mean = loss.detach().clone()
+            collectives.all_reduce(mean, op=collectives.ReduceOp.AVG)
+            if rank == 0:
+                losses.put((step, mean.item()))
+            step += 1
+            if step == steps:
+                break
+        epoch += 1
+    if rank == 0:
+        losses.put(None)
+    return step

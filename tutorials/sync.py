@@ -1,0 +1,123 @@
+"""Keep the chapters honest: code shown is code on disk, output shown is output produced.
+
+Two markers in the chapters, each followed by a fenced block::
+
+    <!-- include: tutorials/demos/ch04_ring.py -->      block = the file, byte for byte
+    <!-- output: python -m tutorials.demos.ch04_ring -->  block = what the command prints
+
+Usage, from the repository root::
+
+    python -m tutorials.sync            # rewrite every include block from its file
+    python -m tutorials.sync --outputs  # also rerun every demo and rewrite its output block
+
+``tests/test_tutorials.py`` uses the same functions to check that nothing drifted.
+Demos with a ``demo(rank, world_size)`` function run together in one world
+per world size (starting processes is the slow part); other commands run as
+written, in a shell, with any ``--master-port`` replaced by a free port.
+"""
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+INCLUDE = re.compile(r"<!-- include: (?P<path>\S+) -->\n```(?P<lang>\w*)\n(?P<body>.*?)```\n", re.S)
+OUTPUT = re.compile(r"<!-- output: (?P<command>.+?) -->\n```text\n(?P<body>.*?)```\n", re.S)
+DEMO_COMMAND = re.compile(r"python -m (tutorials\.demos\.\w+)")
+PORT_FLAG = re.compile(r"(--master[-_]port[ =])\d+")
+
+
+def chapters():
+    return sorted(ROOT.glob("tutorials/[0-9][0-9]_*.md"))
+
+
+def includes(text):
+    """(path, shown code) for every include marker in a chapter's text."""
+    return [(m["path"], m["body"]) for m in INCLUDE.finditer(text)]
+
+
+def outputs(text):
+    """(command, shown output) for every output marker in a chapter's text."""
+    return [(m["command"], m["body"]) for m in OUTPUT.finditer(text)]
+
+
+def shared_world_demo(command):
+    """The demo function a command runs, if it can share a world with others; else None."""
+    m = DEMO_COMMAND.fullmatch(command)
+    if not m:
+        return None
+    module = importlib.import_module(m[1])
+    return module if hasattr(module, "demo") else None
+
+
+def free_port():
+    from tutorials.demos.common import free_port as pick
+    return pick()
+
+
+def start_shell(command):
+    port = free_port()
+    command = PORT_FLAG.sub(lambda m: m[1] + str(port), command)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def run_commands(commands, timeout=300):
+    """Run every command once; return {command: (rank 0's output, other ranks' output)}.
+
+    Shell commands start first and run in the background while the shared
+    worlds run here; several of them spend their time sleeping or waiting.
+    """
+    from tutorials.demos.common import capture, run
+    results, shell, worlds = {}, {}, {}
+    for command in dict.fromkeys(commands):
+        module = shared_world_demo(command)
+        if module is None:
+            shell[command] = start_shell(command)
+        else:
+            worlds.setdefault(module.WORLD_SIZE, []).append((command, module.demo))
+    try:
+        for world_size, demos in sorted(worlds.items()):
+            per_rank = run(capture, world_size, [fn for _, fn in demos], timeout=timeout)
+            for i, (command, _) in enumerate(demos):
+                results[command] = (per_rank[0][i], "".join(texts[i] for texts in per_rank[1:]))
+        for command, proc in shell.items():
+            out, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{command!r} exited with {proc.returncode}:\n{err[-3000:]}")
+            results[command] = (out, "")
+    finally:
+        for proc in shell.values():
+            if proc.poll() is None:
+                proc.kill()
+    return results
+
+
+def rewrite(path, with_outputs):
+    text = path.read_text()
+    text = INCLUDE.sub(lambda m: f"<!-- include: {m['path']} -->\n```{m['lang']}\n"
+                                 f"{(ROOT / m['path']).read_text()}```\n", text)
+    if with_outputs:
+        produced = run_commands([c for c, _ in outputs(text)])
+        text = OUTPUT.sub(lambda m: f"<!-- output: {m['command']} -->\n```text\n"
+                                    f"{produced[m['command']][0]}```\n", text)
+    if text != path.read_text():
+        path.write_text(text)
+        print(f"updated {path.relative_to(ROOT)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Rewrite the chapters' include and output blocks.")
+    parser.add_argument("--outputs", action="store_true", help="rerun the demos and rewrite their outputs")
+    parser.add_argument("chapters", nargs="*", help="chapter files (default: all)")
+    args = parser.parse_args()
+    for path in [Path(p).resolve() for p in args.chapters] or chapters():
+        rewrite(path, args.outputs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
