@@ -23,6 +23,7 @@ both sides of a pair deadlocks on NCCL and on any transport without buffering.
 import contextlib
 import datetime
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -158,7 +159,8 @@ class Pending:
                     remaining = max(deadline - time.monotonic(), 1e-3)
                     work.wait(timeout=datetime.timedelta(seconds=remaining))
             except Exception as exc:
-                raise comm._failure(msg, peer, exc) from exc
+                # msg holds global ranks; _failure takes the group rank
+                raise comm._failure(msg, comm.ranks.index(peer), exc) from exc
             msg.end = time.time()
             for obs in _observers:
                 obs._observe(msg)
@@ -243,7 +245,20 @@ class Comm:
                 f"different collective, passed a different size, failed validation or died. "
                 f"COLLECTIVES_TIMEOUT sets the limit; COLLECTIVES_DEBUG=1 checks that ranks agree.")
         return CollectiveError(f"{where}failed {what} {msg.nbytes} bytes "
-                               f"{'to' if msg.kind == 'send' else 'from'} {peer_text}: {text}")
+                               f"{'to' if msg.kind == 'send' else 'from'} {peer_text}: "
+                               f"{_explain(text, peer_text)}")
+
+
+def _explain(text, peer_text):
+    """Say what a transport error means for the user; keep the transport's words after it."""
+    brief = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". ")[0]
+    if "Application timeout caused pair closure" in text:
+        return (f"the connection to {peer_text} was closed by an earlier timeout on this group, "
+                f"which cannot be used again; create a new group ({brief})")
+    if any(s in text for s in ("Connection closed by peer", "Connection reset", "Broken pipe")):
+        return (f"{peer_text} closed the connection: it exited, or gave up on this group after "
+                f"its own error or timeout ({brief})")
+    return brief
 
 
 def _group_ranks(group):
