@@ -70,7 +70,10 @@ def train_mnist(rank, world_size, data_dir, steps, losses, subset=2048, batch_si
     The loss sent is the global batch's mean loss (averaged over the ranks).
     """
     from collectives.data import load_mnist, prepare_mnist, train_loader
-    root = prepare_mnist(data_dir, download=False) if rank != 0 else prepare_mnist(data_dir)
+    if rank == 0:
+        prepare_mnist(data_dir)            # unpack once (chapter 8) ...
+    collectives.barrier()                  # ... while the others wait
+    root = prepare_mnist(data_dir, download=False)
     dataset = load_mnist(root, subset=subset)
     loader = train_loader(dataset, batch_size, rank, world_size)
     torch.manual_seed(0)
@@ -95,3 +98,22 @@ def train_mnist(rank, world_size, data_dir, steps, losses, subset=2048, batch_si
     if rank == 0:
         losses.put(None)
     return step
+
+
+def training_step_traces(rank, world_size, caps):
+    """{bucket_cap_mb: (messages, events)} on rank 0, one traced step per cap."""
+    traces = {cap: training_step_trace(rank, world_size, cap) for cap in caps}
+    return traces if rank == 0 else None
+
+
+def broadcast_traces(rank, world_size, algorithms, elements):
+    """{algorithm: messages} on rank 0, one traced broadcast from rank 0 each."""
+    traces = {}
+    for algorithm in algorithms:
+        x = torch.full((elements,), float(rank))
+        collectives.broadcast(x.clone(), src=0, algorithm=algorithm)   # warm-up
+        collectives.barrier()
+        with collectives.trace() as messages:
+            collectives.broadcast(x, src=0, algorithm=algorithm)
+        traces[algorithm] = gather_to_rank0(messages)
+    return traces if rank == 0 else None
