@@ -41,5 +41,30 @@ def split_bounds(numel, parts):
     return bounds
 
 
+def fold_in(comm, extra, step, send, recv):
+    """The fold's first step: in each pair (2i, 2i+1) with 2i+1 < 2E the even rank
+    sends ``send`` to the odd one, which receives into ``recv``. True on a receiver."""
+    r = comm.rank
+    if r >= 2 * extra:
+        return False
+    if r % 2 == 0:
+        comm.send(send, r + 1, step)
+        return False
+    comm.recv(recv, r - 1, step)
+    return True
+
+
+def fold_out(comm, extra, step, send, recv):
+    """The fold's last step: the odd rank of each pair sends ``send`` back to the even
+    one, which receives into ``recv``."""
+    r = comm.rank
+    if r >= 2 * extra:
+        return
+    if r % 2:
+        comm.send(send, r - 1, step)
+    else:
+        comm.recv(recv, r + 1, step)
+
+
 def ceil_log2(n):
     return (n - 1).bit_length()

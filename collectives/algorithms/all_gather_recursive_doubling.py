@@ -22,7 +22,7 @@ Worked example, N=4, rank r starts with x_r:
 
 Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005, section 3.
 """
-from ._util import first_real_rank, fold, real_rank, virtual_rank
+from ._util import first_real_rank, fold, fold_in, fold_out, real_rank, virtual_rank
 
 
 def recursive_doubling(comm, buf, bounds, vrank, p, extra, step0):
@@ -45,19 +45,13 @@ def all_gather(comm, tensor_list, tensor):
     v = virtual_rank(r, extra)
     step = 0
     if extra:
-        if v is None:
-            comm.send(tensor, r + 1, step)
-        elif r < 2 * extra:
-            comm.recv(work[(r - 1) * c:r * c], r - 1, step)
+        fold_in(comm, extra, step, tensor, work[(r - 1) * c:r * c])
         step += 1
     if v is not None:
         bounds = [first_real_rank(u, extra) * c for u in range(p)] + [n * c]
         recursive_doubling(comm, work, bounds, v, p, extra, step)
     step += p.bit_length() - 1
-    if extra and r < 2 * extra:
-        if v is None:
-            comm.recv(work, r + 1, step)
-        else:
-            comm.send(work, r - 1, step)
+    if extra:
+        fold_out(comm, extra, step, work, work)
     for i, out in enumerate(tensor_list):
         out.copy_(work[i * c:(i + 1) * c])

@@ -29,7 +29,7 @@ Worked example, N=4, SUM, blocks [A, B, C, D]:
 Reference: Rabenseifner, "Optimization of Collective Reduction Operations",
 ICCS 2004; Thakur, Rabenseifner and Gropp, IJHPCA 2005.
 """
-from ._util import fold, split_bounds, virtual_rank
+from ._util import fold, fold_in, fold_out, split_bounds, virtual_rank
 from .all_gather_recursive_doubling import recursive_doubling
 from .reduce_scatter_recursive_halving import recursive_halving
 
@@ -40,11 +40,8 @@ def all_reduce(comm, tensor, op):
     v = virtual_rank(r, extra)
     step = 0
     if extra:
-        if v is None:
-            comm.send(tensor, r + 1, step)
-        elif r < 2 * extra:
-            inbox = tensor.new_empty(tensor.shape)
-            comm.recv(inbox, r - 1, step)
+        inbox = tensor.new_empty(tensor.shape) if r < 2 * extra else None
+        if fold_in(comm, extra, step, tensor, inbox):
             op.combine(tensor, inbox)
         step += 1
     rounds = p.bit_length() - 1
@@ -53,8 +50,5 @@ def all_reduce(comm, tensor, op):
         recursive_halving(comm, tensor, bounds, v, p, extra, op, step)
         recursive_doubling(comm, tensor, bounds, v, p, extra, step + rounds)
     step += 2 * rounds
-    if extra and r < 2 * extra:
-        if v is None:
-            comm.recv(tensor, r + 1, step)
-        else:
-            comm.send(tensor, r - 1, step)
+    if extra:
+        fold_out(comm, extra, step, tensor, tensor)

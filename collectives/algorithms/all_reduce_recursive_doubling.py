@@ -26,7 +26,7 @@ Worked example, N=4, SUM, rank r starts with x_r:
 Reference: Thakur, Rabenseifner and Gropp, "Optimization of Collective
 Communication Operations in MPICH", IJHPCA 2005.
 """
-from ._util import fold, real_rank, virtual_rank
+from ._util import fold, fold_in, fold_out, real_rank, virtual_rank
 
 
 def all_reduce(comm, tensor, op):
@@ -36,10 +36,7 @@ def all_reduce(comm, tensor, op):
     v = virtual_rank(r, extra)
     step = 0
     if extra:
-        if v is None:
-            comm.send(tensor, r + 1, step)
-        elif r < 2 * extra:
-            comm.recv(inbox, r - 1, step)
+        if fold_in(comm, extra, step, tensor, inbox):
             op.combine(tensor, inbox)
         step += 1
     if v is not None:
@@ -53,7 +50,4 @@ def all_reduce(comm, tensor, op):
     else:
         step += p.bit_length() - 1
     if extra:
-        if v is None:
-            comm.recv(tensor, r + 1, step)
-        elif r < 2 * extra:
-            comm.send(tensor, r - 1, step)
+        fold_out(comm, extra, step, tensor, tensor)

@@ -27,19 +27,30 @@ short-message broadcast).
 from ._util import ceil_log2
 
 
-def broadcast(comm, tensor, root, step0=0):
+def binomial_tree(comm, root, view, step0=0):
+    """Walk the binomial tree from ``root`` down; ``view(a, b)`` is what travels to the
+    subtree of relative ranks [a, b).
+
+    For a broadcast every message is the whole tensor; ``scatter_binomial_tree``
+    walks the same tree with each message holding only the receiver's subtree's pieces.
+    """
     n = comm.size
     v = (comm.rank - root) % n
     levels = ceil_log2(n)
     mask = 1
     while mask < n:
         if v & mask:
-            parent = (v - mask + root) % n
-            comm.recv(tensor, parent, step0 + levels - 1 - (mask.bit_length() - 1))
+            comm.recv(view(v, min(v + mask, n)), (v - mask + root) % n,
+                      step0 + levels - mask.bit_length())
             break
         mask <<= 1
     mask >>= 1
     while mask:
         if v + mask < n:
-            comm.send(tensor, (v + mask + root) % n, step0 + levels - 1 - (mask.bit_length() - 1))
+            comm.send(view(v + mask, min(v + 2 * mask, n)), (v + mask + root) % n,
+                      step0 + levels - mask.bit_length())
         mask >>= 1
+
+
+def broadcast(comm, tensor, root, step0=0):
+    binomial_tree(comm, root, lambda a, b: tensor, step0)

@@ -28,7 +28,7 @@ Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005, section 4.
 """
 import torch
 
-from ._util import first_real_rank, fold, real_rank, virtual_rank
+from ._util import first_real_rank, fold, fold_in, fold_out, real_rank, virtual_rank
 
 
 def recursive_halving(comm, buf, bounds, vrank, p, extra, op, step0):
@@ -54,11 +54,8 @@ def reduce_scatter(comm, output, input_list, op):
     v = virtual_rank(r, extra)
     step = 0
     if extra:
-        if v is None:
-            comm.send(work, r + 1, step)
-        elif r < 2 * extra:
-            inbox = torch.empty_like(work)
-            comm.recv(inbox, r - 1, step)
+        inbox = torch.empty_like(work) if r < 2 * extra else None
+        if fold_in(comm, extra, step, work, inbox):
             op.combine(work, inbox)
         step += 1
     if v is not None:
@@ -66,9 +63,6 @@ def reduce_scatter(comm, output, input_list, op):
         recursive_halving(comm, work, bounds, v, p, extra, op, step)
     step += p.bit_length() - 1
     mine = work[r * c:(r + 1) * c]
-    if extra and r < 2 * extra:
-        if v is None:
-            comm.recv(mine, r + 1, step)
-        else:
-            comm.send(work[(r - 1) * c:r * c], r - 1, step)
+    if extra:
+        fold_out(comm, extra, step, work[(r - 1) * c:r * c], mine)
     output.copy_(mine)

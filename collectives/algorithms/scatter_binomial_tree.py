@@ -25,31 +25,17 @@ Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005 (MPICH scatter).
 """
 import torch
 
-from ._util import ceil_log2
+from .broadcast_binomial_tree import binomial_tree
 
 
 def binomial_scatter(comm, view, root, step0=0):
     """Tree scatter where ``view(a, b)`` is this rank's buffer for relative pieces [a, b).
 
     On entry the root's ``view(0, N)`` holds every piece; on exit rank v's
-    ``view(v, v+1)`` holds its own piece.
+    ``view(v, v+1)`` holds its own piece. It is the broadcast's tree: only the
+    messages differ.
     """
-    n = comm.size
-    v = (comm.rank - root) % n
-    levels = ceil_log2(n)
-    mask = 1
-    while mask < n:
-        if v & mask:
-            comm.recv(view(v, min(v + mask, n)), (v - mask + root) % n,
-                      step0 + levels - mask.bit_length())
-            break
-        mask <<= 1
-    mask >>= 1
-    while mask:
-        if v + mask < n:
-            comm.send(view(v + mask, min(v + 2 * mask, n)), (v + mask + root) % n,
-                      step0 + levels - mask.bit_length())
-        mask >>= 1
+    binomial_tree(comm, root, view, step0)
 
 
 def scatter(comm, tensor, scatter_list, root):
