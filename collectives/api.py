@@ -96,13 +96,17 @@ class _Call:
         return self.algorithm or tuning.choose(self.collective, nbytes, self.size)
 
     def submit(self, algorithm, body, async_op, **fingerprint):
+        debug_on = os.environ.get("COLLECTIVES_DEBUG", "0") not in ("", "0")
+
         def run():
             comm = Comm(self.group, self.collective, algorithm)
-            if os.environ.get("COLLECTIVES_DEBUG", "0") not in ("", "0"):
-                debug.check_agreement(comm, fingerprint)
             if self.device is not None:
                 with torch.cuda.device(self.device):
+                    if debug_on:
+                        debug.check_agreement(comm, fingerprint)
                     return body(comm)
+            if debug_on:
+                debug.check_agreement(comm, fingerprint)
             return body(comm)
         return engine().submit(run, f"{self.collective}({algorithm})", async_op)
 
@@ -454,7 +458,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
         for o in outs:
             o.done()
     return call.submit(algo, body, async_op, dtype=like.dtype,
-                       shape=[t.numel() for t in input_tensor_list])
+                       sends=[t.numel() for t in input_tensor_list],
+                       recvs=[t.numel() for t in output_tensor_list])
 
 
 def barrier(group=None, async_op=False, algorithm=None):
