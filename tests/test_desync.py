@@ -86,7 +86,7 @@ def _desync_world(rank, world_size):
 
 @pytest.fixture(scope="module")
 def desync():
-    out = run_forked_world(_desync_world, 3, timeout=120)
+    out = run_forked_world(_desync_world, 3, timeout=120, collectives_timeout=30)
     return [out[r] for r in range(3)]
 
 

@@ -36,7 +36,7 @@ ERROR_TEXT = re.compile(r"collectives\.(\w+)\(algorithm='(\w+)'\) on rank (\d+),
 DEATH_EXIT_CODE = 17
 
 
-def run_forked_world(fn, world_size, *args, timeout, doomed=()):
+def run_forked_world(fn, world_size, *args, timeout, doomed=(), collectives_timeout=TIMEOUT):
     """Run ``fn(rank, world_size, *args)`` on gloo ranks; return {rank: result} of the others.
 
     Ranks in ``doomed`` must end with ``os._exit(DEATH_EXIT_CODE)``; every other
@@ -45,7 +45,7 @@ def run_forked_world(fn, world_size, *args, timeout, doomed=()):
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     results = ctx.Queue()
-    env = {"COLLECTIVES_TIMEOUT": str(TIMEOUT)}
+    env = {"COLLECTIVES_TIMEOUT": str(collectives_timeout)}
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, env, results),
                          daemon=True) for r in range(world_size)]
