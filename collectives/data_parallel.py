@@ -48,13 +48,12 @@ class _Bucket:
 
     def __init__(self, params):
         self.params = params
-        self.offsets = []
-        n = 0
+        self.numel = sum(p.numel() for p in params)
+        self.flat = torch.zeros(self.numel + len(params), dtype=params[0].dtype, device=params[0].device)
+        self.slots, start = [], 0       # views of flat shaped like each parameter
         for p in params:
-            self.offsets.append(n)
-            n += p.numel()
-        self.numel = n
-        self.flat = torch.zeros(n + len(params), dtype=params[0].dtype, device=params[0].device)
+            self.slots.append(self.flat[start:start + p.numel()].view_as(p))
+            start += p.numel()
         self.reset()
 
     def reset(self):
@@ -62,21 +61,17 @@ class _Bucket:
         self.ready = 0
         self.work = None
 
-    def slot(self, i):
-        p = self.params[i]
-        return self.flat[self.offsets[i]:self.offsets[i] + p.numel()].view_as(p)
-
     def put(self, i, grad):
-        self.slot(i).copy_(grad)
-        self.flat[self.numel + i] = 1
+        self.slots[i].copy_(grad)
         self.got[i] = True
         self.ready += 1
 
-    def fill_missing(self):
+    def seal(self):
+        """Zero the slots of parameters without gradient; write the used flags."""
         for i, got in enumerate(self.got):
             if not got:
-                self.slot(i).zero_()
-                self.flat[self.numel + i] = 0
+                self.slots[i].zero_()
+        self.flat[self.numel:] = torch.tensor(self.got, dtype=self.flat.dtype)
         self.ready = len(self.params)
 
     @property
@@ -177,8 +172,7 @@ class DataParallel(nn.Module):
                 _broadcast_coalesced(buffers, self.src, self.group)
         return self.module(*args, **kwargs)
 
-    @torch.no_grad()
-    def _on_gradient(self, param):
+    def _on_gradient(self, param):   # autograd runs hooks with gradients off
         if not self.require_sync:
             return
         if not self._queued:
@@ -192,26 +186,32 @@ class DataParallel(nn.Module):
     def _launch_full_buckets(self):
         while self._next < len(self.buckets) and self.buckets[self._next].full:
             b = self.buckets[self._next]
-            b.work = api.all_reduce(b.flat, group=self.group, async_op=True, algorithm=self.algorithm)
+            b.seal()
             self._next += 1
+            # The last bucket has no computation left to hide behind: reduce it
+            # right here, which skips the hop to the communication thread.
+            last = self._next == len(self.buckets)
+            work = api.all_reduce(b.flat, group=self.group, async_op=not last, algorithm=self.algorithm)
+            b.work = None if last else work
 
     @torch.no_grad()
     def _finish(self):
         """End of backward: send what unused parameters left behind, wait, copy back."""
         for b in self.buckets[self._next:]:
-            b.fill_missing()
+            b.ready = len(b.params)          # sealed, with zeros for the missing, on launch
         self._launch_full_buckets()
         for b in self.buckets:
-            b.work.wait()
+            if b.work is not None:
+                b.work.wait()
             b.flat[:b.numel].div_(self.world_size)
             used = b.flat[b.numel:].tolist()
             for i, p in enumerate(b.params):
                 if not used[i]:
                     continue                # no rank used it: leave .grad as it was
                 if p.grad is None:
-                    p.grad = b.slot(i).clone()
+                    p.grad = b.slots[i].clone()
                 else:
-                    p.grad.copy_(b.slot(i))
+                    p.grad.copy_(b.slots[i])
             b.reset()
         self._next = 0
         self._queued = False

@@ -89,13 +89,19 @@ def launch(fn, world_size, args=()):
     if under_torchrun():
         fn(*args)
         return 0
-    addr = os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if os.environ.get("MASTER_PORT"):
-        check_port(addr, int(os.environ["MASTER_PORT"]))
-    else:
-        os.environ["MASTER_PORT"] = str(free_port(addr))
-    context = mp.start_processes(_entry, args=(fn, world_size, args), nprocs=world_size,
-                                 join=False, start_method="spawn")
+    addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    port = os.environ.get("MASTER_PORT")
+    if port:
+        check_port(addr, int(port))
+    saved = dict(os.environ)
+    # The children inherit the environment at spawn; the caller's is restored after.
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port or str(free_port(addr)))
+    try:
+        context = mp.start_processes(_entry, args=(fn, world_size, args), nprocs=world_size,
+                                     join=False, start_method="spawn")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     try:
         while not context.join(grace_period=3):
             pass
