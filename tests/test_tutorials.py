@@ -62,9 +62,16 @@ def produced():
     return sync.run_commands([command for _, command, _ in OUTPUTS], timeout=400)
 
 
+def _case_id(case):
+    chapter, command, _ = case
+    launcher = command.split()[0] if command.startswith(("torchrun", "python -m torch")) else ""
+    module = re.search(r"tutorials\.demos\.(\w+)", command)[1]
+    return f"{chapter[:2]}-{module}" + (f"-{launcher}" if launcher == "torchrun" else
+                                        "-legacy-launch" if "torch.distributed.launch" in command else "")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("chapter,command,shown", OUTPUTS, ids=[f"{c}:{cmd.split()[2] if len(cmd.split()) > 2 else cmd}"
-                                                                   for c, cmd, _ in OUTPUTS])
+@pytest.mark.parametrize("chapter,command,shown", OUTPUTS, ids=[_case_id(c) for c in OUTPUTS])
 def test_demo_prints_what_the_chapter_shows(produced, chapter, command, shown):
     out, other_ranks = produced[command]
     assert other_ranks == "", f"{command}: ranks other than 0 printed:\n{other_ranks}"
