@@ -9,9 +9,10 @@ Bytes each rank sends: S; no link carries more than S, so for large S the
 
 Steps (chain in relative order v = (rank - root) mod N: 0 -> 1 -> ... -> N-1):
   1. Cut the tensor into K segments.
-  2. Rank v receives segment k from v-1 and forwards it to v+1; while it
-     forwards segment k it already receives segment k+1, so all links work at
-     once after the pipeline fills. Segment k crosses link v -> v+1 in step v + k.
+  2. Rank v posts the receives of all K segments from v-1 at once; as each
+     one arrives it forwards it to v+1 (without waiting for the previous
+     forward), so all links work at once after the pipeline fills. Segment k
+     crosses link v -> v+1 in step v + k.
 
 Worked example, N=4, root 0, K=3 segments s0, s1, s2:
 
@@ -34,19 +35,17 @@ def broadcast(comm, tensor, root, segment_bytes=None):
     n = comm.size
     v = (comm.rank - root) % n
     prev, nxt = (comm.rank - 1) % n, (comm.rank + 1) % n
-    has_prev, has_next = v > 0, v < n - 1
     seg = max(1, (segment_bytes or SEGMENT_BYTES) // max(1, tensor.element_size()))
     segments = list(tensor.split(seg)) or [tensor]
-    incoming = comm.post(v - 1, recvs=[(segments[0], prev)]) if has_prev else None
-    outgoing = None
+    # Each segment lands in its own slice of the tensor, so every receive can be
+    # posted at once, and each segment is forwarded the moment it has arrived
+    # without waiting for the previous forward: no rank ever idles a link.
+    incoming = [comm.post(v - 1 + k, recvs=[(s, prev)]) for k, s in enumerate(segments)] if v > 0 else []
+    outgoing = []
     for k, segment in enumerate(segments):
-        if has_prev:
-            incoming.wait()
-            if k + 1 < len(segments):
-                incoming = comm.post(v - 1 + k + 1, recvs=[(segments[k + 1], prev)])
-        if has_next:
-            if outgoing is not None:
-                outgoing.wait()
-            outgoing = comm.post(v + k, sends=[(segment, nxt)])
-    if outgoing is not None:
-        outgoing.wait()
+        if incoming:
+            incoming[k].wait()
+        if v < n - 1:
+            outgoing.append(comm.post(v + k, sends=[(segment, nxt)]))
+    for pending in outgoing:
+        pending.wait()
