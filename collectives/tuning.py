@@ -84,19 +84,33 @@ def rule_of_thumb(collective, nbytes, group_size):
     return "dissemination"
 
 
-def best_from_rows(rows):
-    """{collective: {N: [[size, fastest algorithm], ...]}} from benchmark rows."""
-    fastest = {}
+NEAR = 1.10
+
+
+def best_from_rows(rows, near=NEAR):
+    """{collective: {N: [[size, algorithm], ...]}}: the fastest algorithm at each measured point.
+
+    On a noisy machine two algorithms within a few percent swap places from run
+    to run, so among those within ``near`` of the fastest at a point, the one
+    that is also near-fastest at the most neighbouring sizes wins (ties: the
+    faster here). Any of them keeps the default within ``near`` of the best.
+    """
+    times = {}
     for r in rows:
         name = r["algorithm"]
         if name in ("builtin", "default") or name.endswith("+debug") or name not in ALGORITHMS[r["collective"]]:
             continue
-        key = (r["collective"], r["world_size"], r["size"])
-        if key not in fastest or r["time_us"] < fastest[key][1]:
-            fastest[key] = (name, r["time_us"])
+        key = (r["collective"], r["world_size"])
+        times.setdefault(key, {}).setdefault(r["size"], {})[name] = r["time_us"]
     out = {}
-    for (collective, n, size), (name, _) in sorted(fastest.items()):
-        out.setdefault(collective, {}).setdefault(str(n), []).append([size, name])
+    for (collective, n), by_size in sorted(times.items()):
+        sizes = sorted(by_size)
+        good = [{a for a, t in by_size[s].items() if t <= near * min(by_size[s].values())} for s in sizes]
+        points = []
+        for i, s in enumerate(sizes):
+            votes = lambda a: sum(a in good[j] for j in range(max(0, i - 1), min(len(sizes), i + 2)))
+            points.append([s, min(good[i], key=lambda a: (-votes(a), by_size[s][a]))])
+        out.setdefault(collective, {})[str(n)] = points
     return out
 
 
