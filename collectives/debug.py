@@ -9,11 +9,11 @@ rank) with every other rank of the group, over point-to-point messages, before
 any data moves. If any two disagree, every rank of the group raises the same
 :class:`DesyncError`, naming each rank's call::
 
-    DesyncError: collectives: ranks disagree on call #3 on the group of ranks [0, 1, 2]:
-    rank 2 called broadcast(src=0, shape=[4], dtype=float32, algorithm=binomial_tree)
-    while rank 0 called all_reduce(op=SUM, shape=[4, 4], dtype=float32, algorithm=ring)
+    DesyncError: collectives: ranks disagree on call #3 on the group of ranks [0, 1, 2]: rank 2
+    called broadcast(src=0, shape=[4], dtype=float32, algorithm=binomial_tree) while rank 0
+    called all_reduce(op=SUM, shape=[4, 4], dtype=float32, algorithm=ring)
       ranks 0, 1: all_reduce(op=SUM, shape=[4, 4], dtype=float32, algorithm=ring)
-      rank 2:     broadcast(src=0, shape=[4], dtype=float32, algorithm=binomial_tree)
+      rank 2: broadcast(src=0, shape=[4], dtype=float32, algorithm=binomial_tree)
 
 Nothing has moved when it raises, so the group stays usable. A rank that
 never arrives (dead, or in a collective on another group) makes the others
