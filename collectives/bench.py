@@ -513,13 +513,14 @@ def report_markdown(meta, rows, p2p, model):
             f"(ring {1e-9 / v['beta_ring']:.2f} GB/s), gamma {1e-9 / v['gamma']:.2f} GB/s"
             for k, v in model.items()), ""]
     lines += ["| collective | N | algorithm | size | time (us) | busbw (GB/s) | vs built-in | "
-              "of p2p ceiling | predicted (us) | default/best | check |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "of p2p ceiling | predicted (us) | predicted, ring-exchange alpha/beta (us) | default/best | check |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         algo = f"default ({r['chosen']})" if r["algorithm"] == "default" else r["algorithm"]
         lines.append(f"| {r['collective']} | {r['world_size']} | {algo} | {human(r['size'])} | "
                      f"{r['time_us']:.1f} | {r['busbw_GBps']:.3f} | {_fmt(r['vs_builtin'], '.2f')} | "
-                     f"{_fmt(r.get('of_p2p_ceiling'), '.2f')} | {_fmt(r.get('predicted_us'), '.1f')} | {_fmt(r['default_over_best'], '.2f')} | "
+                     f"{_fmt(r.get('of_p2p_ceiling'), '.2f')} | {_fmt(r.get('predicted_us'), '.1f')} | "
+                     f"{_fmt(r.get('predicted_loaded_us'), '.1f')} | {_fmt(r['default_over_best'], '.2f')} | "
                      f"{r['check']} |")
     debug_rows = [r for r in rows if r["debug_overhead"]]
     if debug_rows:
@@ -628,6 +629,10 @@ def main(argv=None):
         if params and r["algorithm"] not in ("builtin",) and "+debug" not in r["algorithm"]:
             r["predicted_us"] = 1e6 * cost_model.predict(r["collective"], r["algorithm_run"],
                                                          r["world_size"], r["size"], params)
+            # The same formula with the ring exchange's alpha and beta: links busy both ways.
+            loaded = dict(params, alpha=params["alpha_ring"], beta=params["beta_ring"])
+            r["predicted_loaded_us"] = 1e6 * cost_model.predict(r["collective"], r["algorithm_run"],
+                                                                r["world_size"], r["size"], loaded)
     for r in rows:
         ring = [q for q in p2p if q["world_size"] == r["world_size"] and q["size"] == r["size"]]
         if ring and r["collective"] in ("all_reduce", "all_gather", "reduce_scatter"):
