@@ -6,7 +6,6 @@ launcher demos as the shell commands the chapters show) and each chapter's
 output blocks are compared with it.
 """
 import re
-from pathlib import Path
 
 import pytest
 import torch

@@ -28,7 +28,7 @@ def worker(rank, world_size, ports, shared_file):
         # env://: rank 0's address and port come from the environment (what torchrun sets).
         ("env://", dict(init_method="env://")),
         # tcp://: the same rendezvous, the address written into the URL.
-        (f"tcp://127.0.0.1:<port>", dict(init_method=f"tcp://127.0.0.1:{ports[1]}")),
+        ("tcp://127.0.0.1:<port>", dict(init_method=f"tcp://127.0.0.1:{ports[1]}")),
         # file://: a file every process can see (a shared filesystem); no port at all.
         ("file://<shared file>", dict(init_method=f"file://{shared_file}")),
     ]
