@@ -8,9 +8,8 @@ collectives that wait lasts the process group's timeout (30 minutes by default
 for gloo) and ends in an error about a socket. Here ``COLLECTIVES_TIMEOUT=3``
 makes rank 0 give up after 3 seconds with an error that says where it was.
 """
-import time
-
 import torch
+import torch.multiprocessing as mp
 
 import collectives
 from tutorials.demos.common import run
@@ -18,19 +17,24 @@ from tutorials.demos.common import run
 WORLD_SIZE = 2
 
 
-def skip_a_collective(rank, world_size):
+def skip_a_collective(rank, world_size, rank0_done):
     if rank == 1:
-        time.sleep(6)          # "other work"; long enough for rank 0's timeout to expire
+        # "Other work". Here: stay alive until rank 0 gives up, so that rank 0
+        # sees a timeout rather than a peer that exited.
+        rank0_done.wait(timeout=60)
         return "skipped the all_reduce"
     try:
         collectives.all_reduce(torch.ones(4), algorithm="ring")
         return "all_reduce returned"
     except collectives.CollectiveTimeout as error:
         return f"CollectiveTimeout: {error}"
+    finally:
+        rank0_done.set()
 
 
 def main():
-    outcomes = run(skip_a_collective, WORLD_SIZE, env={"COLLECTIVES_TIMEOUT": "3"})
+    rank0_done = mp.get_context("spawn").Event()
+    outcomes = run(skip_a_collective, WORLD_SIZE, rank0_done, env={"COLLECTIVES_TIMEOUT": "3"})
     for rank, outcome in enumerate(outcomes):
         print(f"rank {rank}: {outcome}")
 
