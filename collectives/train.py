@@ -190,7 +190,9 @@ def train(args, rank, world, device, backend):
     started = time.perf_counter()
     # Only rank 0 may download or unpack; the others read once it is done.
     root = prepare_mnist(args.data_dir, download=True) if rank == 0 else None
-    api.barrier()
+    # A barrier made of an all_reduce on this rank's device: NCCL cannot send the
+    # CPU token that collectives.barrier uses.
+    api.all_reduce(torch.zeros(1, device=device))
     if rank != 0:
         root = prepare_mnist(args.data_dir, download=False)
     train_set = load_mnist(root, train=True, subset=args.subset)
@@ -218,6 +220,12 @@ def train(args, rank, world, device, backend):
     if ckpt:
         opt.load_state_dict(ckpt["optimizer"])
         epoch, start, history = ckpt["epoch"], ckpt["step"], ckpt["history"]
+        if ckpt["world_size"] != world and start:
+            # Another world size splits the epoch differently: redo this epoch from its start.
+            if rank == 0:
+                print(f"checkpoint from {ckpt['world_size']} ranks, now {world}: "
+                      f"restarting epoch {epoch + 1}", flush=True)
+            start = 0
         if len(ckpt["rng"]) == world:
             torch.set_rng_state(ckpt["rng"][rank])
         random.setstate(ckpt["python_rng"])
@@ -234,7 +242,7 @@ def train(args, rank, world, device, backend):
         if rank == 0:
             save_checkpoint({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
                              "epoch": epoch, "step": step, "rng": rng, "python_rng": random.getstate(),
-                             "history": history, "args": vars(args)}, ckpt_path)
+                             "history": history, "world_size": world, "args": vars(args)}, ckpt_path)
 
     step = epoch * steps_per_epoch + start
     while epoch < args.epochs and step < total_steps:

@@ -7,6 +7,7 @@ DataParallel, and from the tutorial's average_gradients loop, must match
 DistributedDataParallel on the same shards, with gloo and with our all_reduce
 as its communication hook.
 """
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -70,6 +71,7 @@ def _equivalence(rank, world_size):
     return results
 
 
+@pytest.mark.slow
 def test_data_parallel_matches_single_process_and_torch_ddp():
     per_rank = run_world(_equivalence, 3)
     reference = per_rank[0]["single process, global batch"]

@@ -34,6 +34,7 @@ def _processes_with(marker):
     return found
 
 
+@pytest.mark.slow
 def test_torchrun_one_node(tmp_path, tmp_path_factory):
     env = mnist_env(tmp_path_factory)
     proc = subprocess.run([sys.executable, *TORCHRUN, "--standalone", "--nproc_per_node", "2",
@@ -43,6 +44,7 @@ def test_torchrun_one_node(tmp_path, tmp_path_factory):
     assert "2 ranks, backend gloo" in proc.stdout and "done: test accuracy" in proc.stdout
 
 
+@pytest.mark.slow
 def test_torchrun_two_simulated_nodes(tmp_path, tmp_path_factory):
     env = mnist_env(tmp_path_factory)
     port = str(free_port())

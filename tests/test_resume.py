@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from collectives.train import load_checkpoint
@@ -20,6 +21,7 @@ ARGS = ["--world-size", "2", "--subset", "256", "--batch-size", "32", "--epochs"
 
 
 @needs_mnist
+@pytest.mark.slow
 def test_killed_and_resumed_run_matches_uninterrupted_run(tmp_path, tmp_path_factory):
     env = mnist_env(tmp_path_factory)
     check_ok(run_train([*ARGS, "--out", str(tmp_path / "straight")], env))
