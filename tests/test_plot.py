@@ -4,6 +4,9 @@ No processes: the records are what ``collectives.trace()`` yields on each rank
 of a 4-rank ring all_reduce (each message once as a send, once as a recv).
 The same functions run on real traces in the notebooks and tutorials/make_figures.py.
 """
+import re
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -80,3 +83,21 @@ def test_bytes_per_rank_bar_heights_are_the_bytes_sent():
     assert heights == [6 * 16, 6 * 64]
     assert len(ax.patches) == 2 * 4
     plt.close(ax.figure)
+
+
+def test_every_committed_figure_is_shown_and_regenerated():
+    import tutorials.make_figures as make_figures
+    root = Path(make_figures.__file__).parent
+    shown = {name for chapter in root.glob("[0-9][0-9]_*.md")
+             for name in re.findall(r"figures/([\w.]+\.png)", chapter.read_text())}
+    source = Path(make_figures.__file__).read_text()
+    for png in (root / "figures").glob("*.png"):
+        assert png.name in shown, f"{png.name} is committed but no chapter shows it"
+        assert f'"{png.name}"' in source, f"{png.name} is not drawn by make_figures.py"
+
+
+def test_cost_model_figure_draws_every_algorithm_at_two_sizes():
+    import tutorials.make_figures as make_figures
+    fig = make_figures.cost_model_figure()
+    assert [len(ax.get_lines()) for ax in fig.axes] == [len(make_figures.ALGORITHMS)] * 2
+    plt.close(fig)
