@@ -7,6 +7,7 @@ tensors the backend cannot send directly, and hands the work to the
 process's single communication thread (``engine``) so that ``async_op=True``
 overlaps with the caller and everything completes in issue order.
 """
+import contextlib
 import os
 
 import torch
@@ -100,15 +101,13 @@ class _Call:
 
         def run():
             comm = Comm(self.group, self.collective, algorithm)
-            if self.device is not None:
-                with torch.cuda.device(self.device):
-                    if debug_on:
-                        debug.check_agreement(comm, fingerprint)
-                    return body(comm)
-            if debug_on:
-                debug.check_agreement(comm, fingerprint)
-            return body(comm)
-        return engine().submit(run, f"{self.collective}({algorithm})", async_op)
+            # the comm thread's current CUDA device is its own: use the tensor's
+            with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
+                if debug_on:
+                    debug.check_agreement(comm, fingerprint)
+                return body(comm)
+        work = engine().submit(run, f"{self.collective}({algorithm})", async_op)
+        return work if async_op else None  # blocking calls return None, as torch's do
 
     def stage(self, t):
         return _Staged(t, stage_to_host=t.is_cuda and not self.cuda_direct)

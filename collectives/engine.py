@@ -11,6 +11,7 @@ otherwise queues behind the earlier work and waits for its own turn.
 The heavy parts of a collective (socket I/O, ``torch.add`` on large buffers)
 release the GIL, so the caller's computation really overlaps.
 """
+import datetime
 import queue
 import threading
 
@@ -34,7 +35,11 @@ class Work:
         self._lock = threading.Lock()
 
     def wait(self, timeout=None):
-        self._done.wait()
+        """Block until done; ``timeout`` (seconds or a timedelta) bounds the wait."""
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        if not self._done.wait(timeout if timeout else None):
+            raise TimeoutError(f"{self.description} did not finish within {timeout:g} s")
         if self._error is not None:
             raise self._error
         return True

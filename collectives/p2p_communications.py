@@ -28,7 +28,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 
 DEFAULT_TIMEOUT = 300.0

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import collectives
 from collectives import debug
-from tests.test_timeouts import run_forked_world
+from tests.worlds import run_world
 
 
 def attempt(fn):
@@ -86,7 +86,7 @@ def _desync_world(rank, world_size):
 
 @pytest.fixture(scope="module")
 def desync():
-    out = run_forked_world(_desync_world, 3, timeout=120, collectives_timeout=30)
+    out = run_world(_desync_world, 3, timeout=120, env={"COLLECTIVES_TIMEOUT": "30"})
     return [out[r] for r in range(3)]
 
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 import collectives as C
-from tests.test_timeouts import run_forked_world
+from tests.worlds import run_world
 
 ALGOS = {c: ", ".join(a) for c, a in C.ALGORITHMS.items()}
 
@@ -126,7 +126,7 @@ def _errors_world(rank, world_size):
 
 @pytest.fixture(scope="module")
 def errors():
-    out = run_forked_world(_errors_world, 2, timeout=120, collectives_timeout=30)
+    out = run_world(_errors_world, 2, timeout=120, env={"COLLECTIVES_TIMEOUT": "30"})
     return [out[0], out[1]]
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import collectives as C
 from tests.expected import ALL_DTYPES, OP_NAMES, OPS_FOR, assert_same, kind, payload, \
     reduce_expected, reduce_input
-from tests.test_timeouts import run_forked_world
+from tests.worlds import run_world
 
 WORLD = 4
 SEED = int(os.environ.get("COLLECTIVES_SOAK_SEED", 20261122))
@@ -167,8 +167,8 @@ def _finish(pending, rng, seed, rank):
 def test_soak_random_collectives():
     print(f"soak seed={SEED} steps={STEPS} (replay: COLLECTIVES_SOAK_SEED={SEED})")
     try:
-        out = run_forked_world(_soak_world, WORLD, SEED, STEPS, timeout=240,
-                               collectives_timeout=20)
+        out = run_world(_soak_world, WORLD, SEED, STEPS, timeout=240,
+                        env={"COLLECTIVES_TIMEOUT": "20"})
     except AssertionError as exc:
         raise AssertionError(f"soak failed with seed {SEED}; replay with "
                              f"COLLECTIVES_SOAK_SEED={SEED} python -m pytest tests/test_soak.py\n"

@@ -13,7 +13,6 @@ each waits a whole timeout; the world's processes are forked from a server that
 has imported torch once, so a process costs little.
 """
 import os
-import queue
 import re
 import time
 import traceback
@@ -21,11 +20,10 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import collectives
 from collectives import p2p_communications
-from tests.worlds import _worker, free_port
+from tests.worlds import DEATH_EXIT_CODE, run_world
 
 TIMEOUT = 1.0     # COLLECTIVES_TIMEOUT in these worlds
 SLACK = 5.0       # "within the timeout plus a few seconds", on a loaded 2-core machine
@@ -33,46 +31,6 @@ CASES = [(c, a) for c, algos in collectives.ALGORITHMS.items() for a in algos]
 ERROR_TEXT = re.compile(r"collectives\.(\w+)\(algorithm='(\w+)'\) on rank (\d+), step (\d+): "
                         r"(timed out after [\d.]+ s waiting|failed) to (send|receive) \d+ bytes "
                         r"(to|from) rank (\d+)")
-DEATH_EXIT_CODE = 17
-
-
-def run_forked_world(fn, world_size, *args, timeout, doomed=(), collectives_timeout=TIMEOUT):
-    """Run ``fn(rank, world_size, *args)`` on gloo ranks; return {rank: result} of the others.
-
-    Ranks in ``doomed`` must end with ``os._exit(DEATH_EXIT_CODE)``; every other
-    rank must return. Fails instead of hanging after ``timeout`` seconds.
-    """
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
-    results = ctx.Queue()
-    env = {"COLLECTIVES_TIMEOUT": str(collectives_timeout)}
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, env, results),
-                         daemon=True) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    out = {}
-    try:
-        while len(out) < world_size - len(doomed):
-            left = deadline - time.monotonic()
-            assert left > 0, f"world did not finish in {timeout:.0f} s; ranks done: {sorted(out)}"
-            try:
-                rank, ok, value = results.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            assert ok and rank not in doomed, f"rank {rank} failed:\n{value}"
-            out[rank] = value
-        for r, p in enumerate(procs):
-            p.join(timeout=max(deadline - time.monotonic(), 1))
-            if r in doomed:
-                assert p.exitcode == DEATH_EXIT_CODE, f"rank {r} ended with exit code {p.exitcode}"
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return out
 
 
 def call(collective, algorithm, group, ranks, root=None, async_op=False, numel=24):
@@ -202,10 +160,10 @@ def test_absent_rank_times_out_every_collective_and_algorithm():
     that fails validation; then work after a timeout.
     """
     world = 3 * ABSENT_TRIPLES
-    out = run_forked_world(_absent_world, world, ABSENT_CASES,
-                           timeout=90 + len(ABSENT_CASES) * (TIMEOUT + SLACK) / ABSENT_TRIPLES)
+    out = run_world(_absent_world, world, ABSENT_CASES, env={"COLLECTIVES_TIMEOUT": str(TIMEOUT)},
+                    timeout=90 + len(ABSENT_CASES) * (TIMEOUT + SLACK) / ABSENT_TRIPLES)
     seen = {}
-    for rank, (results, _) in out.items():
+    for rank, (results, _) in enumerate(out):
         for *result, i in results:
             seen.setdefault(i, {})[rank] = tuple(result)
     assert sorted(seen) == list(range(len(ABSENT_CASES)))
@@ -269,8 +227,8 @@ def test_rank_exiting_mid_collective_every_collective_and_algorithm():
     only = os.environ.get("COLLECTIVES_TEST_DEATHS")
     cases = [(c, a) for c, a in CASES if not only or c in only.split(",")]
     world = 2 + len(cases)
-    out = run_forked_world(_death_world, world, cases, doomed=range(2, world),
-                           timeout=90 + len(cases) * (TIMEOUT + SLACK))
+    out = run_world(_death_world, world, cases, doomed=range(2, world),
+                    env={"COLLECTIVES_TIMEOUT": str(TIMEOUT)}, timeout=90 + len(cases) * (TIMEOUT + SLACK))
     for i, case in enumerate(cases):
         check_case(case, {r: out[r][i] for r in (0, 1)}, [0, 1, 2 + i], missing=2 + i,
                    noticed=False)
