@@ -188,11 +188,7 @@ class DataParallel(nn.Module):
             b = self.buckets[self._next]
             b.seal()
             self._next += 1
-            # The last bucket has no computation left to hide behind: reduce it
-            # right here, which skips the hop to the communication thread.
-            last = self._next == len(self.buckets)
-            work = api.all_reduce(b.flat, group=self.group, async_op=not last, algorithm=self.algorithm)
-            b.work = None if last else work
+            b.work = api.all_reduce(b.flat, group=self.group, async_op=True, algorithm=self.algorithm)
 
     @torch.no_grad()
     def _finish(self):
@@ -201,8 +197,7 @@ class DataParallel(nn.Module):
             b.ready = len(b.params)          # sealed, with zeros for the missing, on launch
         self._launch_full_buckets()
         for b in self.buckets:
-            if b.work is not None:
-                b.work.wait()
+            b.work.wait()
             b.flat[:b.numel].div_(self.world_size)
             used = b.flat[b.numel:].tolist()
             for i, p in enumerate(b.params):
