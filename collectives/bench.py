@@ -36,7 +36,6 @@ torch's default thread count made hand-written rings 2-9x slower on 2 cores.
 import argparse
 import functools
 import json
-import math
 import os
 import platform
 import socket
