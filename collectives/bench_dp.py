@@ -67,8 +67,11 @@ def _worker(args):
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             _time_steps(model, opt, x, y, args.warmup)
             runs[name] = (model, opt, [])
-        for _ in range(args.rounds):
-            for model, opt, times in runs.values():
+        names = list(runs)
+        for r in range(args.rounds):
+            # Rotate who goes first, so no variant always runs right after another.
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                model, opt, times = runs[name]
                 times.append(_time_steps(model, opt, x, y, args.steps))
         if rank == 0:
             # Each round times every variant back to back; the ratio is taken within a
