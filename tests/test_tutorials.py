@@ -1,15 +1,16 @@
 """The course cannot rot: shown code is the code on disk, shown output is what it prints.
 
-One module-scoped run executes every demo command of every chapter (shared
-worlds of 2 and 4 gloo ranks for the ``demo(rank, world_size)`` demos, the
-launcher demos as the shell commands the chapters show) and each chapter's
-output blocks are compared with it.
+One module-scoped run executes every demo command of every chapter (one
+shared world of 2 and one of 4 gloo ranks for all the ``demo(rank, world_size)``
+demos, the launcher demos as the shell commands the chapters show) and each
+chapter's output blocks are compared with it.
 """
 import re
 
 import pytest
 import torch
 
+from tests.worlds import run_world
 from tutorials import sync
 
 ROOT = sync.ROOT
@@ -58,7 +59,9 @@ def test_links_and_pictures_exist(chapter):
 
 @pytest.fixture(scope="module")
 def produced():
-    return sync.run_commands([command for _, command, _ in OUTPUTS], timeout=400)
+    # Shared worlds come from the test suite's fork server (torch already imported);
+    # the launcher demos of chapters 1, 2 and 8 still start exactly as the chapters show.
+    return sync.run_commands([command for _, command, _ in OUTPUTS], timeout=400, runner=run_world)
 
 
 def _case_id(case):

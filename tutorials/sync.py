@@ -66,13 +66,16 @@ def start_shell(command):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def run_commands(commands, timeout=300):
+def run_commands(commands, timeout=300, runner=None):
     """Run every command once; return {command: (rank 0's output, other ranks' output)}.
 
     Shell commands start first and run in the background while the shared
     worlds run here; several of them spend their time sleeping or waiting.
+    ``runner(fn, world_size, *args, timeout=...)`` starts the shared worlds
+    (default: the demos' own launcher; the tests pass their faster one).
     """
     from tutorials.demos.common import capture, run
+    runner = runner or run
     results, shell, worlds = {}, {}, {}
     for command in dict.fromkeys(commands):
         module = shared_world_demo(command)
@@ -82,7 +85,7 @@ def run_commands(commands, timeout=300):
             worlds.setdefault(module.WORLD_SIZE, []).append((command, module.demo))
     try:
         for world_size, demos in sorted(worlds.items()):
-            per_rank = run(capture, world_size, [fn for _, fn in demos], timeout=timeout)
+            per_rank = runner(capture, world_size, [fn for _, fn in demos], timeout=timeout)
             for i, (command, _) in enumerate(demos):
                 results[command] = (per_rank[0][i], "".join(texts[i] for texts in per_rank[1:]))
         for command, proc in shell.items():
