@@ -9,7 +9,6 @@ as its communication hook.
 """
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.testing import assert_close
@@ -78,7 +77,8 @@ def test_data_parallel_matches_single_process_and_torch_ddp():
     for rank, results in enumerate(per_rank):
         for name, params in results.items():
             for p, q in zip(params, reference):
-                assert_close(torch.from_numpy(p), torch.from_numpy(q), rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank}, {name}: {m}")
+                assert_close(torch.from_numpy(p), torch.from_numpy(q), rtol=1e-5, atol=1e-6,
+                             msg=lambda m: f"rank {rank}, {name}: {m}")
     # Every rank holds bitwise the same parameters (all_reduce gives identical results).
     for name in per_rank[0]:
         for results in per_rank[1:]:
