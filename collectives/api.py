@@ -44,7 +44,7 @@ class _Call:
         self.ranks = [] if outside else dist.get_process_group_ranks(group)
         self.member = dist.get_rank() in self.ranks
         self.size = len(self.ranks)
-        backend = str(dist.get_backend(group)) if self.member else ""
+        self.backend = backend = str(dist.get_backend(group)) if self.member else ""
         self.cpu_ok = "gloo" in backend or not backend
         self.cuda_direct = "nccl" in backend
         self.device = None
@@ -100,7 +100,7 @@ class _Call:
         debug_on = os.environ.get("COLLECTIVES_DEBUG", "0") not in ("", "0")
 
         def run():
-            comm = Comm(self.group, self.collective, algorithm)
+            comm = Comm(self.group, self.collective, algorithm, self.ranks, self.backend)
             # the comm thread's current CUDA device is its own: use the tensor's
             with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
                 if debug_on:

@@ -144,6 +144,7 @@ class Pending:
     def wait(self):
         comm = self.comm
         deadline = time.monotonic() + comm.timeout
+        verbose = _verbose()
         for work, msg in self.entries:
             peer = msg.dst if msg.kind == "send" else msg.src
             try:
@@ -163,7 +164,7 @@ class Pending:
             msg.end = time.time()
             for obs in _observers:
                 obs._observe(msg)
-            if _verbose():
+            if verbose:
                 arrow = f"-> {peer}" if msg.kind == "send" else f"<- {peer}"
                 print(f"[rank {dist.get_rank()}] {msg.collective}/{msg.algorithm} step {msg.step}: "
                       f"{msg.kind} {msg.nbytes} B {arrow}", file=sys.stderr, flush=True)
@@ -179,15 +180,15 @@ class Comm:
     not sent at all (both sides know the sizes, so both skip them).
     """
 
-    def __init__(self, group, collective, algorithm):
+    def __init__(self, group, collective, algorithm, ranks=None, backend=None):
         self.group = group
-        self.ranks = _group_ranks(group)
+        self.ranks = ranks if ranks is not None else _group_ranks(group)
         self.rank = self.ranks.index(dist.get_rank())
         self.size = len(self.ranks)
         self.collective = collective
         self.algorithm = algorithm
         self.timeout = timeout_seconds()
-        self.nccl = "nccl" in str(dist.get_backend(group))
+        self.nccl = "nccl" in (backend if backend is not None else str(dist.get_backend(group)))
 
     def post(self, step, sends=(), recvs=()):
         """Post sends ``[(tensor, peer)]`` and receives ``[(tensor, peer)]`` at once."""

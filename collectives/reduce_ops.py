@@ -27,6 +27,16 @@ _BITWISE = {ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or,
             ReduceOp.BXOR: torch.bitwise_xor}
 _ARITH = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PRODUCT: torch.mul,
           ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum}
+_DEFINED_FOR = {
+    "SUM": ("floating", "complex", "integer"),
+    "PRODUCT": ("floating", "complex", "integer"),
+    "AVG": ("floating", "complex"),
+    "MIN": ("floating", "integer", "bool"),
+    "MAX": ("floating", "integer", "bool"),
+    "BAND": ("integer", "bool"),
+    "BOR": ("integer", "bool"),
+    "BXOR": ("integer", "bool"),
+}
 _NAMES = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "AVG", ReduceOp.PRODUCT: "PRODUCT",
           ReduceOp.MIN: "MIN", ReduceOp.MAX: "MAX", ReduceOp.BAND: "BAND",
           ReduceOp.BOR: "BOR", ReduceOp.BXOR: "BXOR"}
@@ -64,16 +74,7 @@ def resolve(op, dtype, where):
                         f"({', '.join(_NAMES.values())}), got {op!r}")
     name = _NAMES[op]
     kind = _kind(dtype)
-    allowed = {
-        "SUM": ("floating", "complex", "integer"),
-        "PRODUCT": ("floating", "complex", "integer"),
-        "AVG": ("floating", "complex"),
-        "MIN": ("floating", "integer", "bool"),
-        "MAX": ("floating", "integer", "bool"),
-        "BAND": ("integer", "bool"),
-        "BOR": ("integer", "bool"),
-        "BXOR": ("integer", "bool"),
-    }[name]
+    allowed = _DEFINED_FOR[name]
     if kind not in allowed:
         hint = " (use BOR or BAND for bool)" if kind == "bool" else ""
         raise ValueError(f"{where}: op=ReduceOp.{name} is not defined for dtype {dtype}{hint}; "
