@@ -475,6 +475,9 @@ def barrier(group=None, async_op=False, algorithm=None):
         >>> collectives.barrier()   # Rank 0 and Rank 1 both return only after both called it
     """
     call = _Call("barrier", group, algorithm)
+    if call.cuda_direct and torch.cuda.is_available():
+        # no tensor names a device: the token goes to the caller's current GPU
+        call.device = torch.device("cuda", torch.cuda.current_device())
     if not call.member:
         return None
     algo = call.choose(0)
