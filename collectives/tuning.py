@@ -6,7 +6,9 @@ Three sources, first match wins:
    ``python -m collectives.bench --write-table collectives/tuning_table.json``:
    for each collective and each group size the benchmark ran, the fastest
    algorithm at each measured size. A size between two measured ones takes
-   the nearer one on a log scale; beyond the ends, the end.
+   the nearer one on a log scale; below the smallest, the smallest (small
+   messages are all latency-bound); more than ``BEYOND`` times the largest
+   is left to the model, since a bandwidth-bound regime may begin there.
 2. **The cost model** (``collectives.cost_model``) with the alpha, beta and
    gamma fitted in the same benchmark run, for group sizes the table lacks.
 3. **Rules of thumb** from the model's shape, when there is no table:
@@ -26,6 +28,7 @@ from . import cost_model
 from .algorithms import ALGORITHMS
 
 SMALL_BYTES = 64 * 1024
+BEYOND = 4
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_table.json")
 
 
@@ -46,7 +49,7 @@ def choose(collective, nbytes, group_size):
         return names[0]
     table = _table()
     measured = table.get("choices", {}).get(collective, {}).get(str(group_size))
-    if measured and group_size > 1:
+    if measured and group_size > 1 and nbytes <= BEYOND * max(size for size, _ in measured):
         pick = _nearest(measured, nbytes)
         if pick in names:
             return pick

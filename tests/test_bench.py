@@ -134,7 +134,10 @@ def test_choose_reads_the_measured_table(tmp_path, monkeypatch):
         assert tuning.choose("all_reduce", 1, 4) == "tree"             # below the table: its first entry
         assert tuning.choose("all_reduce", 1 << 20, 4) == "rabenseifner"
         assert tuning.choose("all_reduce", 7 << 20, 4) == "rabenseifner"  # nearer 1M than 64M on a log scale
-        assert tuning.choose("all_reduce", 1 << 30, 4) == "ring"
+        assert tuning.choose("all_reduce", 128 << 20, 4) == "ring"       # just past the end: the end
+        # Far beyond the largest measured size: the model, not an extrapolated table.
+        assert tuning.choose("all_reduce", 1 << 30, 4) == cost_model.best(
+            "all_reduce", ALGORITHMS["all_reduce"], 4, 1 << 30, PARAMS)
         # A group size the table lacks: the model with the table's parameters.
         assert tuning.choose("all_reduce", 64, 8) == cost_model.best("all_reduce", ALGORITHMS["all_reduce"],
                                                                       8, 64, PARAMS)
