@@ -80,6 +80,16 @@ class _Call:
         for i, t in enumerate(tensors):
             self.check_tensor(f"{name}[{i}]", t, like, same_shape)
 
+    def check_root_list(self, name, tensors, root_name, root, role, like):
+        """A list only the root passes: scatter_list on src, gather_list on dst."""
+        if dist.get_rank() == root:
+            if tensors is None:
+                raise ValueError(f"{self.where}: {name} is required on the {role} rank {root}")
+            self.check_list(name, tensors, like)
+        elif tensors:
+            raise ValueError(f"{self.where}: {name} must not be given on non-{role} ranks "
+                             f"(this is rank {dist.get_rank()}, {root_name}={root})")
+
     def check_root(self, name, root):
         if isinstance(root, bool) or not isinstance(root, int):
             raise TypeError(f"{self.where}: {name} must be an int (a global rank), got {type(root).__name__}")
@@ -282,13 +292,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, algori
     if not call.member:
         return None
     root = call.check_root("src", src)
-    if dist.get_rank() == src:
-        if scatter_list is None:
-            raise ValueError(f"{call.where}: scatter_list is required on the source rank {src}")
-        call.check_list("scatter_list", scatter_list, tensor)
-    elif scatter_list:
-        raise ValueError(f"{call.where}: scatter_list must not be given on non-source ranks "
-                         f"(this is rank {dist.get_rank()}, src={src})")
+    call.check_root_list("scatter_list", scatter_list, "src", src, "source", tensor)
     algo = call.choose(_nbytes(tensor) * call.size)
 
     def body(comm):
@@ -325,13 +329,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, algorith
     if not call.member:
         return None
     root = call.check_root("dst", dst)
-    if dist.get_rank() == dst:
-        if gather_list is None:
-            raise ValueError(f"{call.where}: gather_list is required on the destination rank {dst}")
-        call.check_list("gather_list", gather_list, tensor)
-    elif gather_list:
-        raise ValueError(f"{call.where}: gather_list must not be given on non-destination ranks "
-                         f"(this is rank {dist.get_rank()}, dst={dst})")
+    call.check_root_list("gather_list", gather_list, "dst", dst, "destination", tensor)
     algo = call.choose(_nbytes(tensor) * call.size)
 
     def body(comm):
