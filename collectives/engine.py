@@ -135,6 +135,10 @@ class Engine:
             else:
                 work._finish(result=result)
             finally:
+                # Drop the job while idle: its closure holds the process group, and a
+                # group kept alive here past destroy_process_group() is torn down at
+                # interpreter exit with gloo's threads still running (SIGABRT).
+                fn = work = result = None
                 self._done_one()
 
     def drain(self):
