@@ -38,7 +38,6 @@ import functools
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -51,6 +50,7 @@ from torch.distributed import ReduceOp
 
 from . import cost_model
 from .algorithms import ALGORITHMS
+from .launch import free_port
 
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
                "all_to_all", "gather", "scatter")
@@ -369,12 +369,6 @@ def bench_p2p(args, rank, n, device, sizes):
 
 # ---------------------------------------------------------------- worlds
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _print_row(row, out=sys.stdout):
     vs = f"{row['vs_builtin']:.2f}" if row["vs_builtin"] else "-"
     extra = ""
@@ -433,7 +427,7 @@ def run_world(args, n):
     """Spawn ``n`` ranks, run the sweep, return rank 0's results (hard timeout: --timeout)."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, n, port, args, results), daemon=True) for r in range(n)]
     for p in procs:
         p.start()

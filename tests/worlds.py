@@ -12,7 +12,6 @@ to die (``os._exit(DEATH_EXIT_CODE)``) and get None as their result.
 """
 import os
 import queue
-import socket
 import time
 import traceback
 
@@ -21,15 +20,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import collectives  # noqa: F401  (preloaded into the fork server with this module)
+from collectives.launch import free_port
 
 DEFAULT_TIMEOUT = float(os.environ.get("COLLECTIVES_TEST_WORLD_TIMEOUT", 240))
 DEATH_EXIT_CODE = 17
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world_size, port, fn, args, env, results):

@@ -53,12 +53,8 @@ def shared_world_demo(command):
     return module if hasattr(module, "demo") else None
 
 
-def free_port():
-    from tutorials.demos.common import free_port as pick
-    return pick()
-
-
 def start_shell(command):
+    from collectives.launch import free_port  # imports torch: only when a demo runs
     port = free_port()
     command = PORT_FLAG.sub(lambda m: m[1] + str(port), command)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

@@ -9,19 +9,13 @@ start method pickles it by name, which is why notebooks import their demos.
 import contextlib
 import io
 import os
-import socket
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port():
-    """A TCP port nobody listens on right now (never the default 29500)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from collectives.launch import free_port
 
 
 def _worker(rank, world_size, port, backend, env, fn, args, results):
