@@ -190,9 +190,7 @@ def train(args, rank, world, device, backend):
     started = time.perf_counter()
     # Only rank 0 may download or unpack; the others read once it is done.
     root = prepare_mnist(args.data_dir, download=True) if rank == 0 else None
-    # A barrier made of an all_reduce on this rank's device: NCCL cannot send the
-    # CPU token that collectives.barrier uses.
-    api.all_reduce(torch.zeros(1, device=device))
+    api.barrier()
     if rank != 0:
         root = prepare_mnist(args.data_dir, download=False)
     train_set = load_mnist(root, train=True, subset=args.subset)
