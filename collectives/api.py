@@ -8,7 +8,6 @@ process's single communication thread (``engine``) so that ``async_op=True``
 overlaps with the caller and everything completes in issue order.
 """
 import contextlib
-import os
 
 import torch
 import torch.distributed as dist
@@ -107,7 +106,7 @@ class _Call:
         return self.algorithm or tuning.choose(self.collective, nbytes, self.size)
 
     def submit(self, algorithm, body, async_op, **fingerprint):
-        debug_on = os.environ.get("COLLECTIVES_DEBUG", "0") not in ("", "0")
+        debug_on = debug.enabled()
 
         def run():
             comm = Comm(self.group, self.collective, algorithm, self.ranks, self.backend)

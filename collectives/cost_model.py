@@ -24,11 +24,7 @@ algorithms hide most of gamma).
 import math
 
 from .algorithms import all_reduce_ring_pipelined, broadcast_pipeline
-
-
-def _fold(n):
-    p = 1 << (n.bit_length() - 1)
-    return p, n - p
+from .algorithms._util import fold
 
 
 def fit_line(xs, ys):
@@ -61,7 +57,7 @@ def predict(collective, algorithm, n, size, params):
     a, b, g = params["alpha"], params["beta"], params["gamma"]
     s = float(size)
     m = s / n
-    p, e = _fold(n)
+    p, e = fold(n)
     lp = p.bit_length() - 1          # log2 P
     lg = math.ceil(math.log2(n)) if n > 1 else 0
     if n == 1:
@@ -79,11 +75,11 @@ def predict(collective, algorithm, n, size, params):
     if key == ("all_reduce", "naive_ring"):
         return (n - 1) * (a + s * b + s * g)
     if key == ("all_reduce", "recursive_doubling"):
-        fold = (2 * (a + s * b) + s * g) if e else 0.0
-        return lp * (a + s * b + s * g) + fold
+        fold_cost = (2 * (a + s * b) + s * g) if e else 0.0
+        return lp * (a + s * b + s * g) + fold_cost
     if key == ("all_reduce", "rabenseifner"):
-        fold = (2 * (a + s * b) + s * g) if e else 0.0
-        return 2 * lp * a + 2 * (p - 1) / p * s * b + (p - 1) / p * s * g + fold
+        fold_cost = (2 * (a + s * b) + s * g) if e else 0.0
+        return 2 * lp * a + 2 * (p - 1) / p * s * b + (p - 1) / p * s * g + fold_cost
     if key == ("all_reduce", "tree"):
         return lg * (a + s * b + s * g) + lg * (a + s * b)
     if collective == "broadcast":
@@ -105,14 +101,14 @@ def predict(collective, algorithm, n, size, params):
         if algorithm == "ring":
             return (n - 1) * (a + m * b)
         if algorithm == "recursive_doubling":
-            fold = (2 * a + m * b + s * b) if e else 0.0
-            return lp * a + (p - 1) * m * b + fold
+            fold_cost = (2 * a + m * b + s * b) if e else 0.0
+            return lp * a + (p - 1) * m * b + fold_cost
     if collective == "reduce_scatter":
         if algorithm == "ring":
             return (n - 1) * (a + m * b + m * g)
         if algorithm == "recursive_halving":
-            fold = (2 * a + s * (b + g) + m * b) if e else 0.0
-            return lp * a + (p - 1) / p * s * (b + g) + fold
+            fold_cost = (2 * a + s * (b + g) + m * b) if e else 0.0
+            return lp * a + (p - 1) / p * s * (b + g) + fold_cost
     if collective == "all_to_all":
         if algorithm == "linear":
             return (n - 1) * (a + m * b)
