@@ -69,9 +69,9 @@ def _encode(seq, call, counts, size):
     digest = hashlib.sha1(call.encode()).hexdigest()[:16]
     shown = call if len(call) <= _MAX_SHOWN else call[:_MAX_SHOWN] + "..."
     raw = json.dumps({"seq": seq, "call": shown, "digest": digest}).encode()
-    buf = torch.zeros(HEADER_BYTES + 16 * size, dtype=torch.uint8)
+    buf = torch.zeros(HEADER_BYTES + 16 * size, dtype=torch.uint8, device="cpu")
     buf[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    buf[HEADER_BYTES:].view(torch.int64).copy_(torch.tensor(counts, dtype=torch.int64))
+    buf[HEADER_BYTES:].view(torch.int64).copy_(torch.tensor(counts, dtype=torch.int64, device="cpu"))
     return buf
 
 

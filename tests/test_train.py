@@ -129,6 +129,7 @@ def test_train_spawns_workers_and_writes_outputs(tmp_path, tmp_path_factory):
     assert {"model", "optimizer", "epoch", "step", "rng"} <= set(ckpt) and len(ckpt["rng"]) == 2
 
 
+@pytest.mark.gpu
 @needs_gpu
 @needs_mnist
 def test_nccl_world_of_one_trains(tmp_path, tmp_path_factory):
@@ -138,6 +139,7 @@ def test_nccl_world_of_one_trains(tmp_path, tmp_path_factory):
     assert "backend nccl, device cuda" in proc.stdout
 
 
+@pytest.mark.gpu
 @needs_gpu
 @needs_mnist
 def test_gloo_ranks_share_a_gpu_with_cuda_tensors(tmp_path, tmp_path_factory):

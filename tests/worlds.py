@@ -1,4 +1,4 @@
-"""Start small worlds of gloo processes for tests, with a free port and a hard timeout.
+"""Start small worlds of processes (gloo, or NCCL with a GPU each) for tests, with a free port and a hard timeout.
 
 Starting a world costs seconds when each process imports torch afresh, so:
 processes are forked from a server that imported torch and collectives once
@@ -26,11 +26,13 @@ DEFAULT_TIMEOUT = float(os.environ.get("COLLECTIVES_TEST_WORLD_TIMEOUT", 240))
 DEATH_EXIT_CODE = 17
 
 
-def _worker(rank, world_size, port, fn, args, env, results):
+def _worker(rank, world_size, port, fn, args, env, results, backend):
     os.environ.update(env)
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+        if backend == "nccl":  # one GPU per rank, chosen before NCCL touches a device
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
                                 rank=rank, world_size=world_size)
         value = fn(rank, world_size, *args)
         results.put((rank, True, value))
@@ -41,15 +43,15 @@ def _worker(rank, world_size, port, fn, args, env, results):
             dist.destroy_process_group()
 
 
-def run_world(fn, world_size, *args, timeout=DEFAULT_TIMEOUT, env=None, doomed=()):
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their results."""
+def run_world(fn, world_size, *args, timeout=DEFAULT_TIMEOUT, env=None, doomed=(), backend="gloo"):
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results."""
     env = {"COLLECTIVES_TIMEOUT": "30", **(env or {})}
     doomed = set(doomed)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, env, results), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, env, results, backend), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

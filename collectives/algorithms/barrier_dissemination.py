@@ -27,9 +27,10 @@ import torch
 
 def barrier(comm):
     n, r = comm.size, comm.rank
-    token, inbox = torch.ones(1, dtype=torch.uint8), torch.empty(1, dtype=torch.uint8)
-    if comm.nccl:
-        token, inbox = token.cuda(), inbox.cuda()
+    # explicit device: a caller's torch.set_default_device must not move gloo's token to a GPU
+    device = "cuda" if comm.nccl else "cpu"
+    token = torch.ones(1, dtype=torch.uint8, device=device)
+    inbox = torch.empty(1, dtype=torch.uint8, device=device)
     distance, step = 1, 0
     while distance < n:
         comm.sendrecv(token, (r + distance) % n, inbox, (r - distance) % n, step)
