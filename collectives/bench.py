@@ -338,8 +338,11 @@ def bench_p2p(args, rank, n, device, sizes):
     comm = Comm(dist.group.WORLD, "bench", "p2p")
     rows = []
     right, left = (rank + 1) % n, (rank - 1) % n
+    # What the algorithms' messages live in: the tensor's device where the backend sends it
+    # (NCCL), host memory where it does not (gloo stages CUDA tensors to the host once per call).
+    wire = device if comm.nccl else torch.device("cpu")
     for size in sizes:
-        a = torch.zeros(max(size // 4, 1), device=device)
+        a = torch.zeros(max(size // 4, 1), device=wire)
         b = torch.zeros_like(a)
         batch = _batch(size, args.batch)
 
@@ -357,7 +360,7 @@ def bench_p2p(args, rank, n, device, sizes):
         def reduce_local():
             b.add_(a)
         t = time_candidates({"pingpong": pingpong, "ring_exchange": ring, "reduce": reduce_local},
-                            args.iters, args.warmup, batch, device)
+                            args.iters, args.warmup, batch, wire)
         nbytes = a.numel() * 4
         rows.append({"world_size": n, "size": nbytes, "pingpong_oneway_us": t["pingpong"] / 2 * 1e6,
                      "pingpong_GBps": nbytes / (t["pingpong"] / 2) / 1e9,

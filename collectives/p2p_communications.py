@@ -188,7 +188,8 @@ class Comm:
         self.collective = collective
         self.algorithm = algorithm
         self.timeout = timeout_seconds()
-        self.nccl = "nccl" in (backend if backend is not None else str(dist.get_backend(group)))
+        self.backend = backend if backend is not None else str(dist.get_backend(group))
+        self.nccl = "nccl" in self.backend
 
     def post(self, step, sends=(), recvs=()):
         """Post sends ``[(tensor, peer)]`` and receives ``[(tensor, peer)]`` at once."""
@@ -201,6 +202,10 @@ class Comm:
                     continue
                 if not tensor.is_contiguous():
                     raise ValueError("the point-to-point door only moves contiguous tensors")
+                if tensor.is_cuda and not self.nccl:
+                    # gloo would write() from a device pointer and abort the whole process
+                    raise ValueError(f"the point-to-point door got a CUDA tensor on a {self.backend} "
+                                     f"group, which sends host memory only: stage it to the CPU first")
                 other = self.ranks[peer]
                 nbytes = tensor.numel() * tensor.element_size()
                 src, dst = (me, other) if kind == "send" else (other, me)

@@ -50,10 +50,22 @@ def test_nccl_world_of_one():
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank; this machine has one")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"NCCL needs a GPU per rank; this machine has {torch.cuda.device_count()}")
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_nccl_one_gpu_per_rank(world_size):
     if torch.cuda.device_count() < world_size:
         pytest.skip(f"{world_size} ranks need {world_size} GPUs")
     _check(run_world(cuda_matrix_world, world_size, env={"COLLECTIVES_TIMEOUT": "30"}, timeout=400,
                      backend="nccl"))
+
+
+def test_door_refuses_cuda_tensors_on_gloo():
+    # gloo's send would write() from a device pointer and abort the process ("Bad address")
+    from collectives.p2p_communications import Comm
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        comm = Comm(None, "test", "door")
+        with pytest.raises(ValueError, match="CUDA tensor on a gloo group, which sends host memory only"):
+            comm.post(0, sends=[(torch.ones(4, device="cuda"), 0)])
+    finally:
+        dist.destroy_process_group()
