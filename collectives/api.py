@@ -105,7 +105,12 @@ class _Call:
     def choose(self, nbytes):
         return self.algorithm or tuning.choose(self.collective, nbytes, self.size)
 
-    def submit(self, algorithm, body, async_op, **fingerprint):
+    def submit(self, algorithm, body, async_op, local=None, **fingerprint):
+        if self.size == 1:
+            # A group of one moves no message: the collective is at most a local copy.
+            # Still through the engine, so it completes after earlier async work.
+            work = engine().submit(local or (lambda: None), f"{self.collective}(local)", async_op)
+            return work if async_op else None
         debug_on = debug.enabled()
 
         def run():
@@ -134,7 +139,12 @@ class _Staged:
         self.t = t
         src = t.detach()
         if stage_to_host:
-            self.flat, self.copied = src.to("cpu").reshape(-1), True
+            # Pinned memory from torch's caching host allocator: reused across calls, and
+            # copied at full PCIe speed. A fresh pageable buffer per call (src.to("cpu"))
+            # measured 1.5-2.5x slower on an H100 at 16 MiB, and twice as noisy.
+            host = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=True)
+            host.copy_(src)
+            self.flat, self.copied = host.view(-1), True
         elif src.is_contiguous():
             self.flat, self.copied = src.view(-1), False
         else:
@@ -145,6 +155,12 @@ class _Staged:
             with torch.no_grad():
                 self.t.copy_(self.flat.view(self.t.shape))
         return self.t
+
+
+def _copy(dst, src):
+    """dst <- src for a group of one (no autograd: collectives write results in place)."""
+    with torch.no_grad():
+        dst.copy_(src.reshape(dst.shape))
 
 
 def _nbytes(t):
@@ -299,7 +315,8 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, algori
         pieces = [call.stage(t).flat for t in scatter_list] if comm.rank == root else None
         REGISTRY["scatter"][algo](comm, out.flat, pieces, root)
         out.done()
-    return call.submit(algo, body, async_op, src=src, shape=list(tensor.shape), dtype=tensor.dtype)
+    return call.submit(algo, body, async_op, local=lambda: _copy(tensor, scatter_list[0]),
+                       src=src, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, algorithm=None):
@@ -337,7 +354,8 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, algorith
         REGISTRY["gather"][algo](comm, inp.flat, [o.flat for o in outs] if outs else None, root)
         for o in outs or ():
             o.done()
-    return call.submit(algo, body, async_op, dst=dst, shape=list(tensor.shape), dtype=tensor.dtype)
+    return call.submit(algo, body, async_op, local=lambda: _copy(gather_list[0], tensor),
+                       dst=dst, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, algorithm=None):
@@ -373,7 +391,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, algorithm=None):
         REGISTRY["all_gather"][algo](comm, [o.flat for o in outs], inp.flat)
         for o in outs:
             o.done()
-    return call.submit(algo, body, async_op, shape=list(tensor.shape), dtype=tensor.dtype)
+    return call.submit(algo, body, async_op, local=lambda: _copy(tensor_list[0], tensor),
+                       shape=list(tensor.shape), dtype=tensor.dtype)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, algorithm=None):
@@ -412,7 +431,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         if red.average:
             out.flat.div_(comm.size)
         out.done()
-    return call.submit(algo, body, async_op, op=red.name, shape=list(output.shape), dtype=output.dtype)
+    return call.submit(algo, body, async_op, local=lambda: _copy(output, input_list[0]),
+                       op=red.name, shape=list(output.shape), dtype=output.dtype)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, algorithm=None):
@@ -454,6 +474,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
         for o in outs:
             o.done()
     return call.submit(algo, body, async_op, dtype=like.dtype,
+                       local=lambda: _copy(output_tensor_list[0], input_tensor_list[0]),
                        sends=[t.numel() for t in input_tensor_list],
                        recvs=[t.numel() for t in output_tensor_list])
 
