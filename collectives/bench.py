@@ -483,7 +483,8 @@ def machine_info(args):
             "host": platform.node(), "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(), "loadavg_at_start": getattr(args, "loadavg", None),
             "torch": torch.__version__, "python": platform.python_version(),
-            "backend": args.backend, "device": args.device, "threads_per_rank": args.threads}
+            "backend": args.backend, "device": args.device, "threads_per_rank": args.threads,
+            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
 
 
 def _fmt(x, spec):
@@ -493,7 +494,8 @@ def _fmt(x, spec):
 def report_markdown(meta, rows, p2p, model):
     lines = [f"Measured {meta['date_utc']} on {meta['host']} ({meta['cores']} cores, {meta['cpu']}), "
              f"load average at start {meta['loadavg_at_start']}, torch {meta['torch']}, "
-             f"{meta['backend']}/{meta['device']}, {meta['threads_per_rank']} thread(s) per rank.", "",
+             f"{meta['backend']}/{meta['device']}{' (' + meta['gpu'] + ')' if meta.get('gpu') else ''}, "
+             f"{meta['threads_per_rank']} thread(s) per rank.", "",
              f"Command: `{meta['command']}`", ""]
     if p2p:
         lines += ["Point to point (through the door; ping-pong between ranks 0 and 1, ring exchange on all ranks):", "",
