@@ -123,8 +123,9 @@ class _Call:
         work = engine().submit(run, f"{self.collective}({algorithm})", async_op)
         return work if async_op else None  # blocking calls return None, as torch's do
 
-    def stage(self, t):
-        return _Staged(t, stage_to_host=t.is_cuda and not self.cuda_direct)
+    def stage(self, t, copy_in=True):
+        """``copy_in=False`` for outputs the collective only writes: nothing to copy over."""
+        return _Staged(t, stage_to_host=t.is_cuda and not self.cuda_direct, copy_in=copy_in)
 
 
 class _Staged:
@@ -135,7 +136,7 @@ class _Staged:
     contiguous buffer; CUDA tensors on a gloo group are copied to host memory.
     """
 
-    def __init__(self, t, stage_to_host):
+    def __init__(self, t, stage_to_host, copy_in=True):
         self.t = t
         src = t.detach()
         if stage_to_host:
@@ -143,12 +144,14 @@ class _Staged:
             # copied at full PCIe speed. A fresh pageable buffer per call (src.to("cpu"))
             # measured 1.5-2.5x slower on an H100 at 16 MiB, and twice as noisy.
             host = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=True)
-            host.copy_(src)
+            if copy_in:
+                host.copy_(src)
             self.flat, self.copied = host.view(-1), True
         elif src.is_contiguous():
             self.flat, self.copied = src.view(-1), False
         else:
-            self.flat, self.copied = src.contiguous().view(-1), True
+            buf = src.contiguous() if copy_in else torch.empty(src.shape, dtype=src.dtype, device=src.device)
+            self.flat, self.copied = buf.view(-1), True
 
     def done(self):
         if self.copied:
@@ -311,7 +314,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, algori
     algo = call.choose(_nbytes(tensor) * call.size)
 
     def body(comm):
-        out = call.stage(tensor)
+        out = call.stage(tensor, copy_in=False)
         pieces = [call.stage(t).flat for t in scatter_list] if comm.rank == root else None
         REGISTRY["scatter"][algo](comm, out.flat, pieces, root)
         out.done()
@@ -350,7 +353,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, algorith
 
     def body(comm):
         inp = call.stage(tensor)
-        outs = [call.stage(t) for t in gather_list] if comm.rank == root else None
+        outs = [call.stage(t, copy_in=False) for t in gather_list] if comm.rank == root else None
         REGISTRY["gather"][algo](comm, inp.flat, [o.flat for o in outs] if outs else None, root)
         for o in outs or ():
             o.done()
@@ -387,7 +390,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, algorithm=None):
 
     def body(comm):
         inp = call.stage(tensor)
-        outs = [call.stage(t) for t in tensor_list]
+        outs = [call.stage(t, copy_in=False) for t in tensor_list]
         REGISTRY["all_gather"][algo](comm, [o.flat for o in outs], inp.flat)
         for o in outs:
             o.done()
@@ -425,7 +428,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     algo = call.choose(_nbytes(output) * call.size)
 
     def body(comm):
-        out = call.stage(output)
+        out = call.stage(output, copy_in=False)
         ins = [call.stage(t).flat for t in input_list]
         REGISTRY["reduce_scatter"][algo](comm, out.flat, ins, red)
         if red.average:
@@ -469,7 +472,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
     def body(comm):
         ins = [call.stage(t).flat for t in input_tensor_list]
-        outs = [call.stage(t) for t in output_tensor_list]
+        outs = [call.stage(t, copy_in=False) for t in output_tensor_list]
         REGISTRY["all_to_all"][algo](comm, [o.flat for o in outs], ins)
         for o in outs:
             o.done()
