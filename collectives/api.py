@@ -47,6 +47,7 @@ class _Call:
         self.cpu_ok = "gloo" in backend or not backend
         self.cuda_direct = "nccl" in backend
         self.device = None
+        self.copies_in_flight = False   # host<->GPU staging copies issued, not yet waited for
 
     def check_tensor(self, name, t, like=None, same_shape=True):
         if not isinstance(t, torch.Tensor):
@@ -119,13 +120,26 @@ class _Call:
             with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
                 if debug_on:
                     debug.check_agreement(comm, fingerprint)
-                return body(comm)
+                result = body(comm)
+                self.ready()  # the results' copies back to the GPU
+                return result
         work = engine().submit(run, f"{self.collective}({algorithm})", async_op)
         return work if async_op else None  # blocking calls return None, as torch's do
 
     def stage(self, t, copy_in=True):
         """``copy_in=False`` for outputs the collective only writes: nothing to copy over."""
-        return _Staged(t, stage_to_host=t.is_cuda and not self.cuda_direct, copy_in=copy_in)
+        return _Staged(t, self if t.is_cuda and not self.cuda_direct else None, copy_in)
+
+    def ready(self):
+        """Wait, once, for every staging copy issued since the last wait.
+
+        With several processes sharing one GPU every wait can cost a GPU time
+        slice (measured on an H100: ~300 us per 1 KiB copy with 4 processes), so
+        the copies are issued without waiting and waited for together.
+        """
+        if self.copies_in_flight:
+            torch.cuda.current_stream().synchronize()
+            self.copies_in_flight = False
 
 
 class _Staged:
@@ -136,16 +150,17 @@ class _Staged:
     contiguous buffer; CUDA tensors on a gloo group are copied to host memory.
     """
 
-    def __init__(self, t, stage_to_host, copy_in=True):
-        self.t = t
+    def __init__(self, t, host_for=None, copy_in=True):
+        self.t, self.host_for = t, host_for
         src = t.detach()
-        if stage_to_host:
+        if host_for is not None:
             # Pinned memory from torch's caching host allocator: reused across calls, and
             # copied at full PCIe speed. A fresh pageable buffer per call (src.to("cpu"))
             # measured 1.5-2.5x slower on an H100 at 16 MiB, and twice as noisy.
             host = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=True)
             if copy_in:
-                host.copy_(src)
+                host.copy_(src, non_blocking=True)  # waited for by host_for.ready()
+                host_for.copies_in_flight = True
             self.flat, self.copied = host.view(-1), True
         elif src.is_contiguous():
             self.flat, self.copied = src.view(-1), False
@@ -156,7 +171,9 @@ class _Staged:
     def done(self):
         if self.copied:
             with torch.no_grad():
-                self.t.copy_(self.flat.view(self.t.shape))
+                self.t.copy_(self.flat.view(self.t.shape), non_blocking=self.host_for is not None)
+            if self.host_for is not None:
+                self.host_for.copies_in_flight = True
         return self.t
 
 
@@ -200,6 +217,7 @@ def broadcast(tensor, src, group=None, async_op=False, algorithm=None):
 
     def body(comm):
         buf = call.stage(tensor)
+        call.ready()
         REGISTRY["broadcast"][algo](comm, buf.flat, root)
         buf.done()
     return call.submit(algo, body, async_op, src=src, shape=list(tensor.shape), dtype=tensor.dtype)
@@ -237,6 +255,7 @@ def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, algorithm=N
 
     def body(comm):
         buf = call.stage(tensor)
+        call.ready()
         REGISTRY["reduce"][algo](comm, buf.flat, root, red)
         if comm.rank == root:
             if red.average:
@@ -276,6 +295,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, algorithm=No
 
     def body(comm):
         buf = call.stage(tensor)
+        call.ready()
         REGISTRY["all_reduce"][algo](comm, buf.flat, red)
         if red.average:
             buf.flat.div_(comm.size)
@@ -316,6 +336,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, algori
     def body(comm):
         out = call.stage(tensor, copy_in=False)
         pieces = [call.stage(t).flat for t in scatter_list] if comm.rank == root else None
+        call.ready()
         REGISTRY["scatter"][algo](comm, out.flat, pieces, root)
         out.done()
     return call.submit(algo, body, async_op, local=lambda: _copy(tensor, scatter_list[0]),
@@ -354,6 +375,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, algorith
     def body(comm):
         inp = call.stage(tensor)
         outs = [call.stage(t, copy_in=False) for t in gather_list] if comm.rank == root else None
+        call.ready()
         REGISTRY["gather"][algo](comm, inp.flat, [o.flat for o in outs] if outs else None, root)
         for o in outs or ():
             o.done()
@@ -391,6 +413,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, algorithm=None):
     def body(comm):
         inp = call.stage(tensor)
         outs = [call.stage(t, copy_in=False) for t in tensor_list]
+        call.ready()
         REGISTRY["all_gather"][algo](comm, [o.flat for o in outs], inp.flat)
         for o in outs:
             o.done()
@@ -430,6 +453,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     def body(comm):
         out = call.stage(output, copy_in=False)
         ins = [call.stage(t).flat for t in input_list]
+        call.ready()
         REGISTRY["reduce_scatter"][algo](comm, out.flat, ins, red)
         if red.average:
             out.flat.div_(comm.size)
@@ -473,6 +497,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     def body(comm):
         ins = [call.stage(t).flat for t in input_tensor_list]
         outs = [call.stage(t, copy_in=False) for t in output_tensor_list]
+        call.ready()
         REGISTRY["all_to_all"][algo](comm, [o.flat for o in outs], ins)
         for o in outs:
             o.done()
