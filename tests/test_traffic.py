@@ -197,3 +197,27 @@ def test_every_algorithm_has_a_cost_check():
     checked = {"all_reduce": 6, "broadcast": 4, "reduce": 2, "scatter": 2, "gather": 2,
                "all_gather": 2, "reduce_scatter": 2, "all_to_all": 2, "barrier": 1}
     assert {c: len(a) for c, a in ALGORITHMS.items()} == checked
+
+
+def verbose_world(rank, n):
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stderr(out):
+        collectives.all_reduce(torch.ones(NUMEL), algorithm="ring")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("flag", ["1", "0"])
+def test_verbose_prints_every_message(flag):
+    # COLLECTIVES_VERBOSE=1: one line per message this rank sent or received, as it completes
+    printed = run_world(verbose_world, 3, env={"COLLECTIVES_VERBOSE": flag})
+    for rank, text in enumerate(printed):
+        lines = text.splitlines()
+        if flag == "0":
+            assert lines == []
+            continue
+        assert len(lines) == 2 * 2 * (3 - 1), text                 # 2(N-1) steps, a send and a receive each
+        assert all(line.startswith(f"[rank {rank}] all_reduce/ring step ") for line in lines), text
+        assert sum(f"send {S // 3} B -> {(rank + 1) % 3}" in line for line in lines) == 4, text
+        assert sum(f"recv {S // 3} B <- {(rank - 1) % 3}" in line for line in lines) == 4, text
