@@ -3,7 +3,9 @@
 Three sources, first match wins:
 
 1. **The measured table** ``tuning_table.json`` (next to this file), written by
-   ``python -m collectives.bench --write-table collectives/tuning_table.json``:
+   ``python -m collectives.bench --write-table collectives/tuning_table.json``,
+   or the file ``COLLECTIVES_TUNING_TABLE`` names (a table measured on the
+   machine at hand: choices differ between machines; read at first use):
    for each collective and each group size the benchmark ran, the fastest
    algorithm at each measured size. A size between two measured ones takes
    the nearer one on a log scale; below the smallest, the smallest (small
@@ -32,12 +34,20 @@ BEYOND = 4
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_table.json")
 
 
+def table_path():
+    """The table ``algorithm=None`` reads: ``COLLECTIVES_TUNING_TABLE`` if set, else the packaged one."""
+    return os.environ.get("COLLECTIVES_TUNING_TABLE") or TABLE_PATH
+
+
 @functools.lru_cache(maxsize=None)
-def _table(path=TABLE_PATH):
+def _table():
+    path = table_path()
     try:
         with open(path) as f:
             return json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        if path != TABLE_PATH:  # a table the user named must exist: a typo would pass unnoticed
+            raise ValueError(f"COLLECTIVES_TUNING_TABLE={path}: cannot read a tuning table ({exc})") from None
         return {}
 
 

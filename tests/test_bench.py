@@ -169,3 +169,25 @@ def test_best_from_rows_prefers_the_steady_winner_among_near_ties():
                             (4, "ring", 30), (4, "tree", 10))]
     assert tuning.best_from_rows(rows) == {"all_reduce": {"2": [[1, "ring"], [2, "ring"], [3, "ring"],
                                                                 [4, "tree"]]}}
+
+
+def test_a_table_measured_here_replaces_the_packaged_one(tmp_path, monkeypatch):
+    # python -m collectives.bench --write-table FILE, then COLLECTIVES_TUNING_TABLE=FILE
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"choices": {"all_reduce": {"2": [[4096, "naive_ring"], [1 << 20, "ring"]]}}}))
+    try:
+        monkeypatch.setenv("COLLECTIVES_TUNING_TABLE", str(path))
+        tuning._table.cache_clear()
+        tuning.choose.cache_clear()
+        assert tuning.choose("all_reduce", 4096, 2) == "naive_ring"
+        assert tuning.choose("all_reduce", 1 << 20, 2) == "ring"
+        monkeypatch.setenv("COLLECTIVES_TUNING_TABLE", str(tmp_path / "typo.json"))
+        tuning._table.cache_clear()
+        tuning.choose.cache_clear()
+        with pytest.raises(ValueError, match=r"COLLECTIVES_TUNING_TABLE=.*typo\.json: cannot read"):
+            tuning.choose("all_reduce", 4096, 2)
+    finally:
+        monkeypatch.delenv("COLLECTIVES_TUNING_TABLE")
+        tuning._table.cache_clear()
+        tuning.choose.cache_clear()
+    assert tuning.table_path() == tuning.TABLE_PATH
