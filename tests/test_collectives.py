@@ -246,16 +246,20 @@ def matrix_world(rank, n, shapes, all_roots, big):
     return count, failures
 
 
+def assert_matrix_passed(results, min_cases=0):
+    """``results``: each rank's ``matrix_world`` return; every failing case is named."""
+    assert results[0][0] > min_cases
+    failures = sorted({f for _, fs in results for f in fs})
+    assert not failures, f"{len(failures)} failing cases:\n" + "\n".join(failures[:60])
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
 def test_every_collective_algorithm_dtype_op_size(world_size):
     results = run_world(matrix_world, world_size, SIZES, True, True, env={"COLLECTIVES_TIMEOUT": "20"})
-    failures = sorted({f for _, fs in results for f in fs})
-    assert results[0][0] > 500
-    assert not failures, f"{len(failures)} failing cases:\n" + "\n".join(failures[:60])
+    assert_matrix_passed(results, min_cases=500)
 
 
 def test_eight_ranks_small_tensors():
     results = run_world(matrix_world, 8, ((0,), (1,), (7,), (2, 3)), False, False,
                         env={"COLLECTIVES_TIMEOUT": "20"}, timeout=400)
-    failures = sorted({f for _, fs in results for f in fs})
-    assert not failures, f"{len(failures)} failing cases:\n" + "\n".join(failures[:60])
+    assert_matrix_passed(results)

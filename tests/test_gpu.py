@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .expected import SIZES
-from .test_collectives import matrix_world
+from .test_collectives import assert_matrix_passed, matrix_world
 from .worlds import run_world
 
 pytestmark = [pytest.mark.gpu,
@@ -30,33 +30,30 @@ def cuda_matrix_world(rank, n):
     return matrix_world(rank, n, SIZES, True, False)
 
 
-def _check(results):
-    failures = sorted({f for _, fs in results for f in fs})
-    assert results[0][0] > 500
-    assert not failures, f"{len(failures)} failing cases:\n" + "\n".join(failures[:60])
-
-
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_gloo_ranks_sharing_a_gpu(world_size):
-    _check(run_world(cuda_matrix_world, world_size, env={"COLLECTIVES_TIMEOUT": "30"}, timeout=400))
+    results = run_world(cuda_matrix_world, world_size, env={"COLLECTIVES_TIMEOUT": "30"}, timeout=400)
+    assert_matrix_passed(results, min_cases=500)
 
 
 def test_nccl_world_of_one():
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        _check([cuda_matrix_world(0, 1)])
+        assert_matrix_passed([cuda_matrix_world(0, 1)], min_cases=500)
     finally:
         torch.set_default_device(None)
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"NCCL needs a GPU per rank; this machine has {torch.cuda.device_count()}")
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason=f"NCCL needs a GPU per rank; this machine has {torch.cuda.device_count()}")
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_nccl_one_gpu_per_rank(world_size):
     if torch.cuda.device_count() < world_size:
         pytest.skip(f"{world_size} ranks need {world_size} GPUs")
-    _check(run_world(cuda_matrix_world, world_size, env={"COLLECTIVES_TIMEOUT": "30"}, timeout=400,
-                     backend="nccl"))
+    results = run_world(cuda_matrix_world, world_size, env={"COLLECTIVES_TIMEOUT": "30"}, timeout=400,
+                        backend="nccl")
+    assert_matrix_passed(results, min_cases=500)
 
 
 def test_door_refuses_cuda_tensors_on_gloo():
