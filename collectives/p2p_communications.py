@@ -143,31 +143,23 @@ class Pending:
 
     def wait(self):
         comm = self.comm
-        deadline = time.monotonic() + comm.timeout
-        verbose = comm.verbose
-        for work, msg in self.entries:
-            peer = msg.dst if msg.kind == "send" else msg.src
+        watched = comm.verbose or _observers
+        for work, kind, peer, nbytes, start in self.entries:
             try:
                 if comm.nccl:
                     # NCCL's wait() only orders streams; poll so the CPU side is bounded too.
+                    deadline = time.monotonic() + comm.timeout
                     while not work.is_completed():
                         if time.monotonic() > deadline:
                             raise TimeoutError("no completion")
                         time.sleep(0)
                     work.wait()
                 else:
-                    remaining = max(deadline - time.monotonic(), 1e-3)
-                    work.wait(timeout=datetime.timedelta(seconds=remaining))
+                    work.wait(timeout=comm.wait_limit)
             except Exception as exc:
-                # msg holds global ranks; _failure takes the group rank
-                raise comm._failure(msg, comm.ranks.index(peer), exc) from exc
-            msg.end = time.time()
-            for obs in _observers:
-                obs._observe(msg)
-            if verbose:
-                arrow = f"-> {peer}" if msg.kind == "send" else f"<- {peer}"
-                print(f"[rank {dist.get_rank()}] {msg.collective}/{msg.algorithm} step {msg.step}: "
-                      f"{msg.kind} {msg.nbytes} B {arrow}", file=sys.stderr, flush=True)
+                raise comm._failure(comm._message(self.step, kind, peer, nbytes, start), peer, exc) from exc
+            if watched:
+                comm._report(comm._message(self.step, kind, peer, nbytes, start, time.time()))
         self.entries = []
 
 
@@ -181,8 +173,8 @@ class Comm:
     """
 
     def __init__(self, group, collective, algorithm, ranks=None, backend=None):
-        self.group = group
-        self.ranks = ranks if ranks is not None else _group_ranks(group)
+        self.group = dist.group.WORLD if group is None else group
+        self.ranks = ranks if ranks is not None else _group_ranks(self.group)
         self.rank = self.ranks.index(dist.get_rank())
         self.size = len(self.ranks)
         self.collective = collective
@@ -190,18 +182,27 @@ class Comm:
         # read once per collective call: os.environ lookups cost ~10 us each here,
         # which a 4 KiB exchange (~250 us) feels
         self.timeout = timeout_seconds()
+        self.wait_limit = datetime.timedelta(seconds=self.timeout)
         self.verbose = _verbose()
-        self.backend = backend if backend is not None else str(dist.get_backend(group))
+        self.backend = backend if backend is not None else str(dist.get_backend(self.group))
         self.nccl = "nccl" in self.backend
 
     def post(self, step, sends=(), recvs=()):
-        """Post sends ``[(tensor, peer)]`` and receives ``[(tensor, peer)]`` at once."""
-        ops, entries = [], []
-        me = self.ranks[self.rank]
-        group = None if self.group is dist.group.WORLD else self.group
+        """Post sends ``[(tensor, peer)]`` and receives ``[(tensor, peer)]`` at once.
+
+        Everything is checked first and then posted back to back. On 2 shared
+        cores a gap between posting a receive and its paired send lets the
+        scheduler run the peer's I/O thread in between, and each Python call
+        here costs ~2 us; both show in a 4 KiB exchange of ~300 us
+        (docs/benchmarks.md, "The door's cost"). So :class:`Message` records
+        are built only when someone watches (a tracer, a counter, VERBOSE) or
+        an error has to name the message.
+        """
+        todo = []
         for kind, pairs in (("recv", recvs), ("send", sends)):
             for tensor, peer in pairs:
-                if tensor.numel() == 0:
+                nbytes = tensor.nbytes
+                if nbytes == 0:
                     continue
                 if not tensor.is_contiguous():
                     raise ValueError("the point-to-point door only moves contiguous tensors")
@@ -209,23 +210,38 @@ class Comm:
                     # gloo would write() from a device pointer and abort the whole process
                     raise ValueError(f"the point-to-point door got a CUDA tensor on a {self.backend} "
                                      f"group, which sends host memory only: stage it to the CPU first")
-                other = self.ranks[peer]
-                nbytes = tensor.numel() * tensor.element_size()
-                src, dst = (me, other) if kind == "send" else (other, me)
-                msg = Message(self.collective, self.algorithm, step, kind, src, dst, nbytes, time.time())
-                fn = dist.isend if kind == "send" else dist.irecv
-                if self.nccl:
-                    ops.append(dist.P2POp(fn, tensor, other, group))
-                else:
-                    try:
-                        work = fn(tensor, other, group=group, tag=step & 0x7FFFFFFF)
-                    except Exception as exc:
-                        raise self._failure(msg, peer, exc) from exc
-                    ops.append(work)
-                entries.append(msg)
-        if self.nccl and ops:
-            ops = dist.batch_isend_irecv(ops)
-        return Pending(self, step, list(zip(ops, entries)))
+                todo.append((kind, tensor, peer, nbytes))
+        group, tag, start, works = self.group, step & 0x7FFFFFFF, time.time(), []
+        if self.nccl:
+            p2p_group = None if group is dist.group.WORLD else group
+            ops = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, tensor, self.ranks[peer], p2p_group)
+                   for kind, tensor, peer, _ in todo]
+            works = dist.batch_isend_irecv(ops) if ops else []
+        else:
+            # dist.isend(t, dst, group, tag) checks its arguments, maps dst to a group
+            # rank and calls group.send([t], group_rank, tag). The checks are made
+            # above and peer already is a group rank, so the door calls the group.
+            for kind, tensor, peer, nbytes in todo:
+                try:
+                    works.append((group.send if kind == "send" else group.recv)([tensor], peer, tag))
+                except Exception as exc:
+                    raise self._failure(self._message(step, kind, peer, nbytes, start), peer, exc) from exc
+        return Pending(self, step, [(work, kind, peer, nbytes, start)
+                                    for work, (kind, _, peer, nbytes) in zip(works, todo)])
+
+    def _message(self, step, kind, peer, nbytes, start, end=float("nan")):
+        me, other = self.ranks[self.rank], self.ranks[peer]
+        src, dst = (me, other) if kind == "send" else (other, me)
+        return Message(self.collective, self.algorithm, step, kind, src, dst, nbytes, start, end)
+
+    def _report(self, msg):
+        for obs in _observers:
+            obs._observe(msg)
+        if self.verbose:
+            peer = msg.dst if msg.kind == "send" else msg.src
+            arrow = f"-> {peer}" if msg.kind == "send" else f"<- {peer}"
+            print(f"[rank {self.ranks[self.rank]}] {msg.collective}/{msg.algorithm} step {msg.step}: "
+                  f"{msg.kind} {msg.nbytes} B {arrow}", file=sys.stderr, flush=True)
 
     def exchange(self, step, sends=(), recvs=()):
         """Post all sends and receives together, then wait for all of them."""
