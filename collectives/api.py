@@ -41,7 +41,8 @@ class _Call:
         self.group = group
         self.algorithm = algorithm
         self.ranks = [] if outside else dist.get_process_group_ranks(group)
-        self.member = dist.get_rank() in self.ranks
+        self.me = dist.get_rank()
+        self.member = self.me in self.ranks
         self.size = len(self.ranks)
         self.backend = backend = str(dist.get_backend(group)) if self.member else ""
         self.cpu_ok = "gloo" in backend or not backend
@@ -82,13 +83,13 @@ class _Call:
 
     def check_root_list(self, name, tensors, root_name, root, role, like):
         """A list only the root passes: scatter_list on src, gather_list on dst."""
-        if dist.get_rank() == root:
+        if self.me == root:
             if tensors is None:
                 raise ValueError(f"{self.where}: {name} is required on the {role} rank {root}")
             self.check_list(name, tensors, like)
         elif tensors:
             raise ValueError(f"{self.where}: {name} must not be given on non-{role} ranks "
-                             f"(this is rank {dist.get_rank()}, {root_name}={root})")
+                             f"(this is rank {self.me}, {root_name}={root})")
 
     def check_root(self, name, root):
         if isinstance(root, bool) or not isinstance(root, int):
@@ -115,7 +116,7 @@ class _Call:
         debug_on = debug.enabled()
 
         def run():
-            comm = Comm(self.group, self.collective, algorithm, self.ranks, self.backend)
+            comm = Comm(self.group, self.collective, algorithm, self.ranks, self.backend, self.me)
             # the comm thread's current CUDA device is its own: use the tensor's
             with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
                 if debug_on:
@@ -163,7 +164,7 @@ class _Staged:
                 host_for.copies_in_flight = True
             self.flat, self.copied = host.view(-1), True
         elif src.is_contiguous():
-            self.flat, self.copied = src.view(-1), False
+            self.flat, self.copied = (src if src.dim() == 1 else src.view(-1)), False
         else:
             buf = src.contiguous() if copy_in else torch.empty(src.shape, dtype=src.dtype, device=src.device)
             self.flat, self.copied = buf.view(-1), True

@@ -172,10 +172,12 @@ class Comm:
     not sent at all (both sides know the sizes, so both skip them).
     """
 
-    def __init__(self, group, collective, algorithm, ranks=None, backend=None):
+    def __init__(self, group, collective, algorithm, ranks=None, backend=None, me=None):
+        """``ranks``, ``backend`` and ``me`` (this process's global rank) may be passed
+        by a caller that already knows them; otherwise they are looked up."""
         self.group = dist.group.WORLD if group is None else group
         self.ranks = ranks if ranks is not None else _group_ranks(self.group)
-        self.rank = self.ranks.index(dist.get_rank())
+        self.rank = self.ranks.index(dist.get_rank() if me is None else me)
         self.size = len(self.ranks)
         self.collective = collective
         self.algorithm = algorithm
