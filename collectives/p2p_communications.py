@@ -1,7 +1,8 @@
 """The one door to the network.
 
 Every byte that a collective in this package moves goes through :class:`Comm`.
-No other module calls ``torch.distributed.send/recv/isend/irecv``. Keeping the
+No other module calls ``torch.distributed.send/recv/isend/irecv`` (except
+``bench_call``, which times bare torch calls against the door on purpose). Keeping the
 door narrow buys four things, each of which lives here and nowhere else:
 
 * **group ranks**: algorithms speak in ranks 0..N-1 of their group; the door

@@ -191,3 +191,18 @@ def test_a_table_measured_here_replaces_the_packaged_one(tmp_path, monkeypatch):
         tuning._table.cache_clear()
         tuning.choose.cache_clear()
     assert tuning.table_path() == tuning.TABLE_PATH
+
+
+def test_bench_call_prints_every_layer_for_every_batch(capfd):
+    """The call-cost benchmark runs every row at each batch size and restores the API's door."""
+    from collectives import api, bench_call
+    from collectives.p2p_communications import Comm
+    bench_call.main(["--world-sizes", "3", "--iters", "2", "--warmup", "1", "--batch", "1", "2"])
+    out = capfd.readouterr().out
+    rows = ("built-in", "api", "algorithm", "exchange, door", "exchange, torch",
+            "exchange, torch + 100 us CPU", "api, no network")
+    for batch in (1, 2):
+        assert f"N=3, algorithm=tree, {batch} call(s) back to back" in out
+    for row in rows:
+        assert sum(line.strip().startswith(row + "  ") for line in out.splitlines()) == 2, row
+    assert api.Comm is Comm

@@ -221,3 +221,19 @@ def test_verbose_prints_every_message(flag):
         assert all(line.startswith(f"[rank {rank}] all_reduce/ring step ") for line in lines), text
         assert sum(f"send {S // 3} B -> {(rank + 1) % 3}" in line for line in lines) == 4, text
         assert sum(f"recv {S // 3} B <- {(rank - 1) % 3}" in line for line in lines) == 4, text
+
+
+def test_only_the_door_sends():
+    """No module but the door posts point-to-point messages, so the counts above see every byte.
+
+    ``bench_call`` is the one exception: it times bare torch calls against the door.
+    """
+    import pathlib
+    import re
+    package = pathlib.Path(collectives.__file__).parent
+    p2p = re.compile(r"\bdist\.(i?send|i?recv|batch_isend_irecv|P2POp)\b|\.(send|recv)\(\[")
+    offenders = [f"{path.relative_to(package)}:{n}"
+                 for path in sorted(package.rglob("*.py"))
+                 if path.name not in ("p2p_communications.py", "bench_call.py")
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if p2p.search(line)]
+    assert offenders == []

@@ -1,0 +1,166 @@
+"""Where a small collective's time goes: torch, the door, the algorithm, the API.
+
+A 4 KiB all_reduce moves almost no data, so its time is the cost of the
+calls around the messages. This benchmark peels the layers off one at a time
+and times each, interleaved in the same processes::
+
+    python -m collectives.bench_call --world-sizes 2 --batch 1 32
+
+rows (every rank runs each; time = median over samples of the slowest rank):
+
+* ``built-in``: ``torch.distributed.all_reduce``.
+* ``api``: ``collectives.all_reduce(x, algorithm=A)``: validation, the
+  engine, staging, a :class:`Comm`, the algorithm, the door.
+* ``algorithm``: ``REGISTRY["all_reduce"][A](Comm(...), x, op)``: no API layer.
+* ``exchange, door`` / ``exchange, torch``: one send to the right and one
+  receive from the left, through ``Comm.exchange`` / through
+  ``dist.isend`` + ``dist.irecv`` directly.
+* ``exchange, torch + 100 us CPU``: the same, after 100 us of busy work in
+  the calling thread: how much a microsecond of Python before the messages
+  costs in wall time on this machine.
+* ``api, no network``: the API call with the door's process group replaced
+  by one whose messages complete at once: the Python path alone.
+
+``cpu`` is the calling thread's CPU time (``time.thread_time``), the slowest
+rank's, median over samples. The built-in's work runs on gloo's own thread,
+so its ``cpu`` is only the wait. ``--batch`` sets how many calls run back to
+back per sample (the main bench uses up to 32 for small sizes).
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import api, launch, reduce_ops
+from .algorithms import REGISTRY
+from .bench import parse_size
+from .p2p_communications import Comm
+
+
+class _Done:
+    """A message that has already arrived."""
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+class _NoNetwork:
+    """Stands in for a process group: every send and receive completes at once."""
+
+    def send(self, tensors, peer, tag):
+        return _Done()
+
+    def recv(self, tensors, peer, tag):
+        return _Done()
+
+
+class _DryComm(Comm):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group = _NoNetwork()
+
+
+def _spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _variants(x, algorithm):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    world, ranks, backend = dist.group.WORLD, list(range(n)), str(dist.get_backend())
+    right, left = (rank + 1) % n, (rank - 1) % n
+    inbox = torch.empty_like(x)
+    red = reduce_ops.resolve(dist.ReduceOp.SUM, x.dtype, "bench_call")
+    run = REGISTRY["all_reduce"][algorithm]
+
+    def torch_exchange():
+        works = [dist.irecv(inbox, left), dist.isend(x, right)]
+        for w in works:
+            w.wait()
+
+    def torch_exchange_after_cpu():
+        _spin(100e-6)
+        torch_exchange()
+
+    def dry_api():
+        real = api.Comm
+        api.Comm = _DryComm
+        try:
+            api.all_reduce(x, algorithm=algorithm)
+        finally:
+            api.Comm = real
+
+    return {
+        "built-in": lambda: dist.all_reduce(x),
+        "api": lambda: api.all_reduce(x, algorithm=algorithm),
+        "algorithm": lambda: run(Comm(world, "all_reduce", algorithm, ranks, backend, rank), x, red),
+        "exchange, door": lambda: Comm(world, "bench", "exchange", ranks, backend, rank).exchange(
+            0, sends=[(x, right)], recvs=[(inbox, left)]),
+        "exchange, torch": torch_exchange,
+        "exchange, torch + 100 us CPU": torch_exchange_after_cpu,
+        "api, no network": dry_api,
+    }
+
+
+def _worker(args):
+    rank, _, world, _ = launch.place()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+    try:
+        # Zeros stay zeros however often they are summed: only the bytes matter here.
+        x = torch.zeros(max(1, args.size // 4))
+        variants = _variants(x, args.algorithm)
+        names = list(variants)
+        for batch in args.batch:
+            wall = {k: [] for k in names}
+            cpu = {k: [] for k in names}
+            for it in range(args.warmup + args.iters):
+                k0 = it % len(names)
+                for name in names[k0:] + names[:k0]:
+                    fn = variants[name]
+                    dist.barrier()
+                    c0, t0 = time.thread_time(), time.perf_counter()
+                    for _ in range(batch):
+                        fn()
+                    sample = torch.tensor([(time.perf_counter() - t0) / batch,
+                                           (time.thread_time() - c0) / batch], dtype=torch.float64)
+                    dist.all_reduce(sample, op=dist.ReduceOp.MAX)
+                    if it >= args.warmup:
+                        wall[name].append(sample[0].item())
+                        cpu[name].append(sample[1].item())
+            if rank == 0:
+                base = statistics.median(wall["built-in"])
+                print(f"all_reduce {args.size} B, N={world}, algorithm={args.algorithm}, "
+                      f"{batch} call(s) back to back per sample, {args.iters} samples:")
+                for name in names:
+                    w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+                    print(f"  {name:30s} {1e6 * w:8.0f} us  {w / base:5.2f}x built-in   "
+                          f"cpu {1e6 * c:6.0f} us", flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m collectives.bench_call", description=__doc__.split("\n")[0])
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[2])
+    p.add_argument("--size", type=parse_size, default=4096, help="bytes of float32 (default 4K)")
+    p.add_argument("--algorithm", default="tree", help="all_reduce algorithm for the api and algorithm rows")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="calls back to back per sample")
+    p.add_argument("--iters", type=int, default=100, help="samples per row")
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args(argv)
+    if args.algorithm not in REGISTRY["all_reduce"]:
+        p.error(f"unknown all_reduce algorithm {args.algorithm!r}; valid: {', '.join(REGISTRY['all_reduce'])}")
+    for world in args.world_sizes:
+        if launch.launch(_worker, world, (args,)) != 0:
+            raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
