@@ -27,12 +27,23 @@ short-message broadcast).
 from ._util import ceil_log2
 
 
-def binomial_tree(comm, root, view, step0=0):
+def parent(comm, root, step0=0):
+    """(group rank, step) of the message this rank receives in the tree; None on the root."""
+    n = comm.size
+    v = (comm.rank - root) % n
+    if v == 0:
+        return None
+    mask = v & -v   # lowbit(v)
+    return (v - mask + root) % n, step0 + ceil_log2(n) - mask.bit_length()
+
+
+def binomial_tree(comm, root, view, step0=0, received=False):
     """Walk the binomial tree from ``root`` down; ``view(a, b)`` is what travels to the
     subtree of relative ranks [a, b).
 
     For a broadcast every message is the whole tensor; ``scatter_binomial_tree``
     walks the same tree with each message holding only the receiver's subtree's pieces.
+    ``received=True``: the caller has already received this rank's message.
     """
     n = comm.size
     v = (comm.rank - root) % n
@@ -40,8 +51,9 @@ def binomial_tree(comm, root, view, step0=0):
     mask = 1
     while mask < n:
         if v & mask:
-            comm.recv(view(v, min(v + mask, n)), (v - mask + root) % n,
-                      step0 + levels - mask.bit_length())
+            if not received:
+                comm.recv(view(v, min(v + mask, n)), (v - mask + root) % n,
+                          step0 + levels - mask.bit_length())
             break
         mask <<= 1
     mask >>= 1
@@ -52,5 +64,5 @@ def binomial_tree(comm, root, view, step0=0):
         mask >>= 1
 
 
-def broadcast(comm, tensor, root, step0=0):
-    binomial_tree(comm, root, lambda a, b: tensor, step0)
+def broadcast(comm, tensor, root, step0=0, received=False):
+    binomial_tree(comm, root, lambda a, b: tensor, step0, received)

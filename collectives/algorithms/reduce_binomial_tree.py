@@ -25,7 +25,9 @@ Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005 (MPICH short-message redu
 """
 
 
-def reduce(comm, tensor, root, op, step0=0):
+def reduce(comm, tensor, root, op, step0=0, recv_with_send=None):
+    """``recv_with_send=(buffer, peer, step)``: a receive to post together with the
+    send to the parent (``all_reduce_tree`` posts its broadcast receive there)."""
     n = comm.size
     v = (comm.rank - root) % n
     acc = tensor
@@ -33,7 +35,14 @@ def reduce(comm, tensor, root, op, step0=0):
     mask, step = 1, step0
     while mask < n:
         if v & mask:
-            comm.send(acc, (v - mask + root) % n, step)
+            parent = (v - mask + root) % n
+            if recv_with_send is None:
+                comm.send(acc, parent, step)
+            else:
+                buf, peer, recv_step = recv_with_send
+                pending = [comm.post(recv_step, recvs=[(buf, peer)]), comm.post(step, sends=[(acc, parent)])]
+                for p in pending:
+                    p.wait()
             return
         if v + mask < n:
             if inbox is None:
