@@ -14,9 +14,10 @@ Steps:
   Every rank but 0 posts its broadcast receive together with its reduce send,
   into its own tensor. That is safe: the result cannot arrive before rank 0
   has every contribution, this rank's included, so the send has left the
-  buffer by then. It is faster: gloo sends a message's bytes only once the
-  receiver has said it is ready, and a receive posted after the reduce would
-  often come after rank 0's send (docs/benchmarks.md, "The door's cost").
+  buffer by then. It saves a handshake: gloo sends a message's bytes only
+  once the receiver has said it is ready, and a receive posted after the
+  reduce often comes after rank 0's send (with bare torch calls this cut a
+  back-to-back 4 KiB tree by a third; docs/benchmarks.md, "The door's cost").
 
 Worked example, N=4, SUM, rank r holds x_r:
 
