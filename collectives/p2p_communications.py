@@ -6,7 +6,9 @@ No other module calls ``torch.distributed.send/recv/isend/irecv`` (except
 door narrow buys four things, each of which lives here and nowhere else:
 
 * **group ranks**: algorithms speak in ranks 0..N-1 of their group; the door
-  translates them to the global ranks that ``torch.distributed`` expects.
+  hands them to the group's own ``send``/``recv`` (which take group ranks) and
+  translates them to global ranks where ``torch.distributed`` wants those
+  (NCCL's ``P2POp``) and for traces and errors.
 * **timeouts**: every wait is bounded by ``COLLECTIVES_TIMEOUT`` seconds
   (default 300). On expiry the error names the collective, the algorithm, the
   step and the peer, instead of leaving the program hanging.
