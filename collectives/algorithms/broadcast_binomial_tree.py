@@ -48,15 +48,11 @@ def binomial_tree(comm, root, view, step0=0, received=False):
     n = comm.size
     v = (comm.rank - root) % n
     levels = ceil_log2(n)
-    mask = 1
-    while mask < n:
-        if v & mask:
-            if not received:
-                comm.recv(view(v, min(v + mask, n)), (v - mask + root) % n,
-                          step0 + levels - mask.bit_length())
-            break
-        mask <<= 1
-    mask >>= 1
+    lowbit = v & -v if v else 1 << levels   # v's subtree is [v, v + lowbit)
+    source = parent(comm, root, step0)
+    if source is not None and not received:
+        comm.recv(view(v, min(v + lowbit, n)), *source)
+    mask = lowbit >> 1
     while mask:
         if v + mask < n:
             comm.send(view(v + mask, min(v + 2 * mask, n)), (v + mask + root) % n,
