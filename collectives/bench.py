@@ -235,23 +235,37 @@ def _sync(device):
 
 def time_candidates(cands, iters, warmup, batch, device):
     """Interleave ``cands`` {name: fn}; return {name: median over samples of max over ranks}."""
+    return time_candidates_with_cpu(cands, iters, warmup, batch, device)[0]
+
+
+def time_candidates_with_cpu(cands, iters, warmup, batch, device):
+    """:func:`time_candidates`, plus the calling thread's CPU time per call the same way.
+
+    Returns ({name: seconds}, {name: CPU seconds}). The CPU clock is read outside
+    the wall-clock window, so the wall times are those ``time_candidates`` reports.
+    """
     names = list(cands)
     samples = [[] for _ in names]
+    cpu = [[] for _ in names]
     for it in range(warmup + iters):
         k = it % len(names)
         for idx in list(range(k, len(names))) + list(range(k)):
             fn = cands[names[idx]]
             _sync(device)
             dist.barrier()
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             for _ in range(batch):
                 fn()
             _sync(device)
             dt = (time.perf_counter() - t0) / batch
+            dc = (time.thread_time() - c0) / batch
             if it >= warmup:
                 samples[idx].append(dt)
-    table = _gather_max(samples, device)
-    return {name: statistics.median(row) for name, row in zip(names, table)}
+                cpu[idx].append(dc)
+    wall_table, cpu_table = _gather_max(samples, device), _gather_max(cpu, device)
+    return ({name: statistics.median(row) for name, row in zip(names, wall_table)},
+            {name: statistics.median(row) for name, row in zip(names, cpu_table)})
 
 
 def candidates_for(collective, algorithms, builtin_ok, debug):

@@ -27,7 +27,6 @@ so its ``cpu`` is only the wait. ``--batch`` sets how many calls run back to
 back per sample (the main bench uses up to 32 for small sizes).
 """
 import argparse
-import statistics
 import time
 
 import torch
@@ -35,7 +34,7 @@ import torch.distributed as dist
 
 from . import api, launch, reduce_ops
 from .algorithms import REGISTRY
-from .bench import parse_size
+from .bench import parse_size, time_candidates_with_cpu
 from .p2p_communications import Comm
 
 
@@ -116,31 +115,14 @@ def _worker(args):
         # Zeros stay zeros however often they are summed: only the bytes matter here.
         x = torch.zeros(max(1, args.size // 4))
         variants = _variants(x, args.algorithm)
-        names = list(variants)
         for batch in args.batch:
-            wall = {k: [] for k in names}
-            cpu = {k: [] for k in names}
-            for it in range(args.warmup + args.iters):
-                k0 = it % len(names)
-                for name in names[k0:] + names[:k0]:
-                    fn = variants[name]
-                    dist.barrier()
-                    c0, t0 = time.thread_time(), time.perf_counter()
-                    for _ in range(batch):
-                        fn()
-                    sample = torch.tensor([(time.perf_counter() - t0) / batch,
-                                           (time.thread_time() - c0) / batch], dtype=torch.float64)
-                    dist.all_reduce(sample, op=dist.ReduceOp.MAX)
-                    if it >= args.warmup:
-                        wall[name].append(sample[0].item())
-                        cpu[name].append(sample[1].item())
+            wall, cpu = time_candidates_with_cpu(variants, args.iters, args.warmup, batch, x.device)
             if rank == 0:
-                base = statistics.median(wall["built-in"])
                 print(f"all_reduce {args.size} B, N={world}, algorithm={args.algorithm}, "
                       f"{batch} call(s) back to back per sample, {args.iters} samples:")
-                for name in names:
-                    w, c = statistics.median(wall[name]), statistics.median(cpu[name])
-                    print(f"  {name:30s} {1e6 * w:8.0f} us  {w / base:5.2f}x built-in   "
+                for name in variants:
+                    w, c = wall[name], cpu[name]
+                    print(f"  {name:30s} {1e6 * w:8.0f} us  {w / wall['built-in']:5.2f}x built-in   "
                           f"cpu {1e6 * c:6.0f} us", flush=True)
     finally:
         dist.destroy_process_group()
