@@ -6,6 +6,7 @@ the right things and that the model and the chooser follow their rules.
 """
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -206,3 +207,29 @@ def test_bench_call_prints_every_layer_for_every_batch(capfd):
     for row in rows:
         assert sum(line.strip().startswith(row + "  ") for line in out.splitlines()) == 2, row
     assert api.Comm is Comm
+
+
+def test_thread_cpu_charges_the_calling_thread():
+    """bench_cpu's per-thread clock sees 100 ms of busy work in the calling thread."""
+    from collectives.bench_cpu import ROLES, thread_cpu
+    before = thread_cpu()
+    end = time.perf_counter() + 0.1
+    while time.perf_counter() < end:
+        pass
+    after = thread_cpu()
+    assert set(after) == set(ROLES)
+    assert sum(after["calling"]) - sum(before["calling"]) >= 0.05
+
+
+def test_bench_cpu_prints_a_row_per_candidate(capfd):
+    """The per-thread CPU benchmark runs the built-in and each named algorithm and prints them."""
+    from collectives import bench_cpu
+    bench_cpu.main(["-n", "2", "-s", "4K", "-a", "ring,tree", "--rounds", "1", "--calls", "3", "--warmup", "1"])
+    out = capfd.readouterr().out
+    assert "all_reduce 4096 B float32, N=2, gloo, 1 rounds x 3 calls" in out
+    for name in ("built-in", "ring", "tree"):
+        line = next(line for line in out.splitlines() if line.strip().startswith(name + " "))
+        cells = line.split()
+        assert float(cells[1]) > 0                                   # wall ms per call
+        assert len(cells) == 2 + len(bench_cpu.ROLES) + 2            # roles, total, ratio
+        assert all(float(x) >= 0 for c in cells[2:2 + len(bench_cpu.ROLES)] for x in c.split("+"))
