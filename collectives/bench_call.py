@@ -108,10 +108,7 @@ def _variants(x, algorithm):
 
 
 def _worker(args):
-    rank, _, world, _ = launch.place()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
-    try:
+    with launch.gloo_group() as (rank, world):
         # Zeros stay zeros however often they are summed: only the bytes matter here.
         x = torch.zeros(max(1, args.size // 4))
         variants = _variants(x, args.algorithm)
@@ -124,8 +121,6 @@ def _worker(args):
                     w, c = wall[name], cpu[name]
                     print(f"  {name:30s} {1e6 * w:8.0f} us  {w / wall['built-in']:5.2f}x built-in   "
                           f"cpu {1e6 * c:6.0f} us", flush=True)
-    finally:
-        dist.destroy_process_group()
 
 
 def main(argv=None):
@@ -139,9 +134,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.algorithm not in REGISTRY["all_reduce"]:
         p.error(f"unknown all_reduce algorithm {args.algorithm!r}; valid: {', '.join(REGISTRY['all_reduce'])}")
-    for world in args.world_sizes:
-        if launch.launch(_worker, world, (args,)) != 0:
-            raise SystemExit(1)
+    launch.launch_each(_worker, args.world_sizes, (args,))
 
 
 if __name__ == "__main__":

@@ -66,10 +66,7 @@ def thread_cpu():
 
 
 def _worker(args):
-    rank, _, world, _ = launch.place()
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
-    try:
+    with launch.gloo_group(args.threads) as (rank, world):
         # Zeros stay zeros however often they are summed: only the bytes matter here.
         x = torch.zeros(max(1, args.size // 4))
         cands = {"built-in": functools.partial(dist.all_reduce, x)}
@@ -97,8 +94,6 @@ def _worker(args):
         dist.all_reduce(summed)
         if rank == 0:
             _print(args, world, list(cands), (summed / (world * args.rounds * args.calls) * 1e3).tolist())
-    finally:
-        dist.destroy_process_group()
 
 
 def _print(args, world, names, rows):
@@ -130,9 +125,7 @@ def main(argv=None):
         p.error(f"unknown all_reduce algorithm(s) {', '.join(unknown)}; valid: {', '.join(ALGORITHMS['all_reduce'])}")
     if not os.path.isdir("/proc/self/task"):
         p.error("per-thread CPU times come from /proc/self/task, which this system lacks (Linux only)")
-    for world in args.world_sizes:
-        if launch.launch(_worker, world, (args,)) != 0:
-            raise SystemExit(1)
+    launch.launch_each(_worker, args.world_sizes, (args,))
 
 
 if __name__ == "__main__":

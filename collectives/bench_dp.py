@@ -17,7 +17,6 @@ import statistics
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import api, launch
@@ -54,10 +53,7 @@ def _time_steps(model, opt, x, y, steps):
 
 
 def _worker(args):
-    rank, _, world, _ = launch.place()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
-    try:
+    with launch.gloo_group() as (rank, world):
         torch.manual_seed(rank)
         x, y = torch.randn(args.batch_size, 1, 28, 28), torch.randint(0, 10, (args.batch_size,))
         runs = {}
@@ -83,8 +79,6 @@ def _worker(args):
                 ratio = statistics.median(t / b for t, b in zip(times, base))
                 print(f"  {name:30s} {1e3 * statistics.median(times):8.2f} ({1e3 * min(times):6.2f}) "
                       f"ms/step   {ratio:5.2f}x DDP", flush=True)
-    finally:
-        dist.destroy_process_group()
 
 
 def main(argv=None):
@@ -97,9 +91,7 @@ def main(argv=None):
     p.add_argument("--bucket-cap-mb", type=float, default=25)
     p.add_argument("--algorithm", default=None, help="all_reduce algorithm (default: by size)")
     args = p.parse_args(argv)
-    for world in args.world_sizes:
-        if launch.launch(_worker, world, (args,)) != 0:
-            raise SystemExit(1)
+    launch.launch_each(_worker, args.world_sizes, (args,))
 
 
 if __name__ == "__main__":
