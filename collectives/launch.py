@@ -118,7 +118,6 @@ def launch(fn, world_size, args=()):
     return 0
 
 
-
 def launch_each(fn, world_sizes, args=()):
     """:func:`launch` ``fn`` at each world size in turn; exit with status 1 at the first failure."""
     for world in world_sizes:
@@ -141,6 +140,7 @@ def gloo_group(threads=1):
         yield rank, world
     finally:
         dist.destroy_process_group()
+
 
 def _failure_report(context, first_seen, world_size):
     """Name the rank that caused the failure and show its traceback.
