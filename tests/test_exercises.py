@@ -57,11 +57,32 @@ WRONG_CASES = [
      ["wrong result with 2 ranks, tensor float32[1] (case 2 of 5)", "rank 0: tensor (had [-2]): expected [1]",
       "rank 1: tensor (had [3]): expected [1]", "received [-2]"]),
     ("broadcast", "broadcast_root0", (2,), "wrong",
-     ["wrong result with 2 ranks, tensor float32[1], src=1", "rank 1: tensor: expected [11]",
+     ["wrong result with 2 ranks, tensor float32[1], src=1", "ranks 0, 1: tensor: expected [11]",
       "received [-1]"]),
     ("broadcast", "broadcast_linear", (4,), "traffic",
      ["correct, but rank 3 sends 3 messages where the binomial tree needs at most ceil(log2 N) = 2",
       "see chapter 5"]),
+    ("send_recv_ring", "send_recv_ring_deadlock", (3,), "deadlock",
+     ["deadlock. With 3 ranks", "rank 2: in dist.send(dst=0)", "none is receiving"]),
+    ("reduce", "reduce_linear", (4,), "traffic",
+     ["correct, but rank 3 receives 3 messages where the binomial tree needs", "see chapter 5"]),
+    ("reduce", "reduce_overwrites", (3,), "wrong",
+     ["wrong result with 3 ranks, tensor float32[1], dst=1", "ranks 0, 2: (not dst: any value)",
+      "rank 1: tensor (had [-3]): expected [-2]"]),
+    ("all_gather", "all_gather_wrong_slot", (3,), "wrong",
+     ["rank 0: tensor_list[0]: [1]  ok", "tensor_list[1]: expected [11]", "received [21]"]),
+    ("reduce_scatter", "reduce_scatter_everything", (2,), "traffic",
+     ["correct, but sends 268800 bytes (rank 0) where the ring sends (N-1) x S = 134400 bytes"]),
+    ("all_to_all", "all_to_all_scatter", (2,), "builtin", ["it calls dist.scatter (line 8"]),
+    ("all_to_all", "all_to_all_last_rank_crashes", (3,), "crash",
+     ["rank 2 raised an error with 3 ranks", "IndexError: list index out of range", "(ranks 0, 1 were stopped)"]),
+    ("average_gradients", "average_gradients_builtin", (2,), "builtin",
+     ["it calls dist.all_reduce (line 8 of average_gradients_builtin.py", "See chapter 6"]),
+    ("average_gradients", "average_gradients_sum", (2,), "wrong",
+     ["ranks 0, 1: 0.weight.grad: expected [0.125793", "received [0.251587", "(and 2 more wrong)"]),
+    ("zero1_step", "zero1_full_state", (4,), "state",
+     ["correct, but a rank keeps 25 values of optimizer state where ZeRO-1 keeps about ceil(P/N) = 7",
+      "see chapter 10"]),
 ]
 
 
@@ -74,6 +95,14 @@ def test_wrong_solution_is_told_why(name, wrong, worlds, reason, words):
         assert w in verdict.text, f"{w!r} not in:\n{verdict.text}"
     if reason == "crash":
         assert verdict.text.count("Traceback") == 1, "the traceback must be shown once"
+
+
+def test_full_mode_covers_every_dtype_and_root():
+    """One full-mode run, on the two largest worlds: 4 dtypes, sizes 0/1/7/33600, three roots."""
+    verdict = grade("broadcast", str(SOLUTIONS / "broadcast.py"), world_sizes=(5, 8))
+    assert verdict.passed, verdict.text
+    assert "correct in all 74 cases on worlds of 5, 8 ranks" in verdict.text
+    assert "at most 403200 bytes in 3 messages" in verdict.text
 
 
 def test_every_wrong_solution_is_tested():

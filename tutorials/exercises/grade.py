@@ -315,11 +315,13 @@ def _wrong_text(name, world, check, cases, index):
     reports = world.cases[index]
     lines = [f"FAIL {name}: wrong result with {_world(world.n)}, "
              f"{_case_words(check, cases[index], world.n)} (case {index + 1} of {len(cases)})."]
+    groups = {}   # ranks that show exactly the same lines are shown once
     for r in range(world.n):
-        outcome, _ = reports[r]
-        first, *rest = outcome["lines"] or [""]
-        lines.append(f"  rank {r}: {first}")
-        lines += [f"          {line}" for line in rest]
+        groups.setdefault(tuple(reports[r][0]["lines"] or [""]), []).append(r)
+    for shown, ranks in sorted(groups.items(), key=lambda item: item[1][0]):
+        head = f"  {_ranks(ranks)}: "
+        lines.append(head + shown[0])
+        lines += [" " * len(head) + line for line in shown[1:]]
     return "\n".join(lines)
 
 
