@@ -1,8 +1,8 @@
 """The exercises' grader, graded: every reference solution passes, every wrong one fails with the right words.
 
 Quick mode everywhere (worlds of 1-4 ranks, fewer cases) and the smallest
-world that shows each mistake, so the file runs in about a minute; one
-deadlock, stopped after 3 s of no progress instead of 15.
+world that shows each mistake; the deadlocks are declared after 3 s of no
+progress instead of 15.
 """
 import ast
 import linecache
@@ -71,6 +71,9 @@ WRONG_CASES = [
       "rank 1: tensor (had [-3]): expected [-2]"]),
     ("all_gather", "all_gather_wrong_slot", (3,), "wrong",
      ["rank 0: tensor_list[0]: [1]  ok", "tensor_list[1]: expected [11]", "received [21]"]),
+    ("all_gather", "all_gather_rank0_stops_early", (3,), "deadlock",
+     ["rank 0: returned from all_gather (case 1)", "rank 1: waiting in req.wait() for dist.irecv(src=0)",
+      "Rank 0 already returned from all_gather while others still wait"]),
     ("reduce_scatter", "reduce_scatter_everything", (2,), "traffic",
      ["correct, but sends 268800 bytes (rank 0) where the ring sends (N-1) x S = 134400 bytes"]),
     ("all_to_all", "all_to_all_scatter", (2,), "builtin", ["it calls dist.scatter (line 8"]),

@@ -252,7 +252,7 @@ def worker(rank, world_size, port, name, source, quick, status, progress, result
     results.put((rank, "ready", len(cases), None))
     for index, case in enumerate(cases):
         COUNTERS.reset()
-        set_status(f"case {index}: calling {name}")
+        set_status(f"case {index + 1}: calling {name}")
         try:
             outcome = check.run(fn, case, rank, world_size)
         except BuiltinUsed as exc:
@@ -264,7 +264,7 @@ def worker(rank, world_size, port, name, source, quick, status, progress, result
         except BaseException as exc:
             results.put((rank, "crash", index, learner_traceback(exc, source)))
             return
-        set_status(f"returned from {name} (case {index}); waiting for the other ranks to finish it")
+        set_status(f"returned from {name} (case {index + 1}); waiting for the other ranks to finish it")
         results.put((rank, "case", index, (outcome, COUNTERS.as_tuple())))
         try:
             ORIGINAL["barrier"]()
