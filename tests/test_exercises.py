@@ -56,6 +56,8 @@ WRONG_CASES = [
     ("all_reduce", "all_reduce_one_step_short", (2,), "wrong",
      ["wrong result with 2 ranks, tensor float32[1] (case 2 of 5)", "rank 0: tensor (had [-2]): expected [1]",
       "rank 1: tensor (had [3]): expected [1]", "received [-2]"]),
+    ("all_reduce", "all_reduce_not_in_place", (2,), "wrong",
+     ["rank 1: tensor (had [3]): expected [1]", "(unchanged: the result must be written into the tensor passed in"]),
     ("broadcast", "broadcast_root0", (2,), "wrong",
      ["wrong result with 2 ranks, tensor float32[1], src=1", "ranks 0, 1: tensor: expected [11]",
       "received [-1]"]),
@@ -106,6 +108,15 @@ def test_full_mode_covers_every_dtype_and_root():
     assert verdict.passed, verdict.text
     assert "correct in all 74 cases on worlds of 5, 8 ranks" in verdict.text
     assert "at most 403200 bytes in 3 messages" in verdict.text
+
+
+def test_a_file_that_does_not_load_shows_the_error_once(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch.distributed as dist\n\ndef all_reduce(tensor, group=None)\n    pass\n")
+    verdict = grade("all_reduce", str(broken), quick=True, world_sizes=(2,))
+    assert verdict.reason == "load_error", verdict.text
+    assert "broken.py\", line 3" in verdict.text and "SyntaxError" in verdict.text
+    assert "_worker.py" not in verdict.text and verdict.text.count("SyntaxError") == 1
 
 
 def test_every_wrong_solution_is_tested():

@@ -86,7 +86,7 @@ def first_wrong(expected, received):
 def compare(pairs):
     """pairs: [(what, expected, received)] on this rank; returns the report of run()."""
     lines, ok, wrong = [], True, 0
-    for what, expected, received in pairs:
+    for what, expected, received, *before in pairs:
         if same(expected, received):
             if len(pairs) <= 4:   # beside a few wrong ones, the right ones help; among many, they clutter
                 lines.append(f"{what}: {show(received)}  ok")
@@ -105,6 +105,9 @@ def compare(pairs):
             at = at - at % 8 if expected.numel() > 8 else 0
             lines.append(f"{what}: expected {show(expected, at)}")
             lines.append(f"{' ' * len(what)}  received {show(received, at)}")
+            if before and expected.numel() and torch.equal(received, before[0]):
+                lines.append(f"{' ' * len(what)}  (unchanged: the result must be written into the tensor "
+                             f"passed in, e.g. tensor.copy_(result) or tensor += ..., not tensor = ...)")
     if wrong > 2:
         lines.append(f"(and {wrong - 2} more wrong)")
     return {"ok": ok, "lines": lines}
@@ -165,7 +168,7 @@ class SendRecvRing:
         tensor = mine.clone()
         fn(tensor)
         expected = tagged_input((rank - 1) % n, case["numel"], case["dtype"], case["salt"])
-        return compare([(f"tensor (had {show(mine)})", expected, tensor)])
+        return compare([(f"tensor (had {show(mine)})", expected, tensor, mine)])
 
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:
@@ -217,7 +220,7 @@ class Reduce:
         if rank != dst:   # like torch: only dst's result is defined
             return {"ok": True, "lines": ["(not dst: any value)"]}
         expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
-        return compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor)])
+        return compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
 
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:
@@ -296,7 +299,7 @@ class AllReduce:
         tensor = mine.clone()
         fn(tensor)
         expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
-        return compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor)])
+        return compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
 
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:

@@ -211,15 +211,15 @@ def load(source, name):
 
 def learner_traceback(exc, source):
     """The traceback from the first frame outside the grader (the learner's code and below)."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
     here = os.path.dirname(os.path.abspath(__file__))
-    start = 0
+    start = len(frames)     # all the grader's own (a SyntaxError names its line below): show none
     for i, frame in enumerate(frames):
         path = os.path.abspath(frame.filename)
         if not (os.path.dirname(path) == here and os.path.basename(path).startswith("_")):
             start = i
             break
-    lines = ["Traceback (most recent call last):\n"] + traceback.format_list(frames[start:])
+    lines = (["Traceback (most recent call last):\n"] + traceback.format_list(frames[start:])) if start < len(frames) else []
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines)
 

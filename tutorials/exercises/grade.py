@@ -45,13 +45,14 @@ FULL_WORLDS = (1, 2, 3, 4, 5, 8)
 QUICK_WORLDS = (1, 2, 3, 4)
 HANG_SECONDS = float(os.environ.get("GRADER_HANG_SECONDS", 15))
 START_SECONDS = 120      # a world that has not started by then is reported, not waited on
+WORLD_SECONDS = float(os.environ.get("GRADER_WORLD_SECONDS", 300))   # all cases of one world, once started
 
 
 class Verdict:
     """The grader's answer: ``passed`` (bool), ``text`` (what it printed), ``reason`` (one word).
 
     ``reason`` is one of "pass", "wrong", "builtin", "traffic", "state",
-    "deadlock", "crash", "not_written", "load_error", "died".
+    "deadlock", "crash", "not_written", "load_error", "died", "slow".
     """
 
     def __init__(self, name, passed, reason, text):
@@ -211,6 +212,10 @@ def run_world(name, source, n, quick, hang_seconds):
                     world.stop = ("deadlock", None, len(_complete(world)), hang_seconds)
                     world.statuses = [_status_of(status, r) for r in range(n)]
                     break
+                if len(ready) == n and now - started > START_SECONDS + WORLD_SECONDS:
+                    world.stop = ("slow", None, len(_complete(world)), WORLD_SECONDS)
+                    world.statuses = [_status_of(status, r) for r in range(n)]
+                    break
                 if len(ready) < n and now - started > START_SECONDS:
                     world.stop = ("died", None, None, f"the world of {n} did not start in {START_SECONDS} s")
                     break
@@ -293,6 +298,12 @@ def _crash_text(name, world, check, cases, shown_path):
         return (f"FAIL {name}: it calls {builtin} ({line}). Built-in collectives are switched off "
                 f"while grading: build {name} from point-to-point messages only (dist.send, dist.recv, "
                 f"dist.isend, dist.irecv, dist.batch_isend_irecv). See {check.chapter}.")
+    if kind == "slow":
+        return (f"FAIL {name}: too slow. With {_world(world.n)} the cases were still running after "
+                f"{payload:g} s (case {index + 1} of {len(cases)}), though the ranks were not stuck. "
+                f"Send few large messages (whole chunks), not many small ones: every message pays a "
+                f"latency (chapter 5, the alpha-beta model).\n"
+                + "\n".join(f"  rank {r}: {s}" for r, s in enumerate(world.statuses)))
     if kind == "load_error":
         return f"FAIL {name}: the solution could not be loaded:\n{payload}"
     if kind == "died":
