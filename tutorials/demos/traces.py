@@ -72,10 +72,10 @@ def training_step_trace(rank, world_size, bucket_cap_mb=0.05, batch=32):
 
 
 def train_mnist(rank, world_size, data_dir, steps, losses, subset=2048, batch_size=64):
-    """Train the MNIST net with DataParallel for ``steps`` steps; rank 0 puts (step, loss) on ``losses``.
+    """Train the MNIST net with DataParallel for ``steps`` steps; rank 0 puts results on ``losses``.
 
-    ``losses`` is a queue the notebook reads while training runs (the live curve).
-    The loss sent is the global batch's mean loss (averaged over the ranks).
+    ``losses`` is a queue the notebook reads while training runs (the live curve):
+    one (step, global batch's mean loss, [each rank's own loss]) per step, then None.
     """
     from collectives.data import load_mnist, prepare_mnist, train_loader
     if rank == 0:
@@ -95,10 +95,13 @@ def train_mnist(rank, world_size, data_dir, steps, losses, subset=2048, batch_si
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
             optimizer.step()
-            mean = loss.detach().clone()
-            collectives.all_reduce(mean, op=collectives.ReduceOp.AVG)
+            # Each rank's loss is its own shard's (chapter 8): gather them all, and their mean
+            # is the global batch's loss.
+            everyone = [torch.empty(1) for _ in range(world_size)]
+            collectives.all_gather(everyone, loss.detach().reshape(1))
             if rank == 0:
-                losses.put((step, mean.item()))
+                per_rank = [t.item() for t in everyone]
+                losses.put((step, sum(per_rank) / world_size, per_rank))
             step += 1
             if step == steps:
                 break
