@@ -91,6 +91,9 @@ WRONG_CASES = [
 ]
 
 
+README_EXAMPLES = {"all_reduce_whole_tensor_ring", "send_recv_ring_deadlock"}   # verdicts shown in the README
+
+
 @pytest.mark.parametrize("name,wrong,worlds,reason,words", WRONG_CASES, ids=[c[1] for c in WRONG_CASES])
 def test_wrong_solution_is_told_why(name, wrong, worlds, reason, words):
     verdict = grade(name, str(WRONG / f"{wrong}.py"), quick=True, world_sizes=worlds, hang_seconds=3)
@@ -100,6 +103,9 @@ def test_wrong_solution_is_told_why(name, wrong, worlds, reason, words):
         assert w in verdict.text, f"{w!r} not in:\n{verdict.text}"
     if reason == "crash":
         assert verdict.text.count("Traceback") == 1, "the traceback must be shown once"
+    if wrong in README_EXAMPLES:
+        assert verdict.text in (HERE / "README.md").read_text(), (
+            f"tutorials/exercises/README.md shows an old verdict for {wrong}; paste:\n{verdict.text}")
 
 
 def test_full_mode_covers_every_dtype_and_root():
