@@ -89,8 +89,9 @@ def demo(rank, world_size):
     # messages that never match, until COLLECTIVES_TIMEOUT; with
     # COLLECTIVES_DEBUG=1 the ranks compare the call first and every rank raises.
     os.environ["COLLECTIVES_DEBUG"] = "1"
+    group = dist.new_group()     # calls are numbered per group: this one's first call is #0
     try:
-        collectives.all_reduce(torch.ones(4 if rank == 0 else 3), algorithm="ring")
+        collectives.all_reduce(torch.ones(4 if rank == 0 else 3), group=group, algorithm="ring")
         outcome = "no error"
     except collectives.DesyncError as error:
         outcome = str(error)
