@@ -125,6 +125,17 @@ def test_a_file_that_does_not_load_shows_the_error_once(tmp_path):
     assert "_worker.py" not in verdict.text and verdict.text.count("SyntaxError") == 1
 
 
+def test_a_solution_calling_an_unwritten_stub_is_told_which(tmp_path):
+    mine = tmp_path / "mine.py"
+    mine.write_text("from tutorials.exercises.all_reduce import all_reduce\n\n\n"
+                    "def average_gradients(model, group=None):\n"
+                    "    for p in model.parameters():\n        all_reduce(p.grad)\n")
+    verdict = grade("average_gradients", str(mine), quick=True, world_sizes=(1,))
+    assert verdict.reason == "not_written"
+    assert verdict.text.startswith("NOT WRITTEN average_gradients: it calls all_reduce in "
+                                   "tutorials/exercises/all_reduce.py, which still raises"), verdict.text
+
+
 def test_every_wrong_solution_is_tested():
     tested = {c[1] for c in WRONG_CASES}
     on_disk = {p.stem for p in WRONG.glob("*.py") if p.stem != "__init__"}

@@ -259,7 +259,8 @@ def worker(rank, world_size, port, name, source, quick, status, progress, result
             results.put((rank, "builtin", index, (exc.name, _where_called(exc, source))))
             return
         except NotImplementedError as exc:
-            results.put((rank, "not_written", index, learner_traceback(exc, source)))
+            last = traceback.extract_tb(exc.__traceback__)[-1]   # where it was raised: maybe a stub it calls
+            results.put((rank, "not_written", index, (os.path.abspath(last.filename), last.name)))
             return
         except BaseException as exc:
             results.put((rank, "crash", index, learner_traceback(exc, source)))

@@ -286,11 +286,16 @@ def _deadlock_text(name, world, check, cases):
     return "\n".join(lines)
 
 
-def _crash_text(name, world, check, cases, shown_path):
+def _crash_text(name, world, check, cases, shown_path, source):
     kind, rank, index, payload = world.stop
     case = cases[index] if index is not None and index < len(cases) else None
     where = f"with {_world(world.n)}" + (f" ({_case_words(check, case, world.n)})" if case else "")
     if kind == "not_written":
+        raised_in, function = payload
+        if function != name or (source.endswith(".py") and raised_in != os.path.abspath(source)):
+            return (f"NOT WRITTEN {name}: it calls {function} in {_shown(raised_in)}, which still raises "
+                    f"NotImplementedError. Write and grade that one first "
+                    f"(python -m tutorials.exercises.grade {function}).")
         return (f"NOT WRITTEN {name}: {shown_path} still raises NotImplementedError. "
                 f"Write its body (the docstring says what to build), then grade it again.")
     if kind == "builtin":
@@ -399,7 +404,7 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
             if world.stop is not None and world.stop[0] == "deadlock":
                 verdict = Verdict(name, False, "deadlock", _deadlock_text(name, world, check, cases))
             elif world.stop is not None:
-                verdict = Verdict(name, False, world.stop[0], _crash_text(name, world, check, cases, shown))
+                verdict = Verdict(name, False, world.stop[0], _crash_text(name, world, check, cases, shown, source))
             for index in _complete(world):
                 reports = world.cases[index]
                 if not all(o["ok"] for o, _ in reports.values()):
