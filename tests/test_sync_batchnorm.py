@@ -8,7 +8,6 @@ them before dividing), running statistics and eval outputs must all agree.
 """
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 import collectives

@@ -197,7 +197,7 @@ class Broadcast:
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:
             return None
-        s, k = case["numel"] * 4, log2_ceil(n)
+        k = log2_ceil(n)
         return Need(sent_messages=k, recv_messages=1,
                     ideal=f"at most ceil(log2 N) = {k} messages from any rank, one into each",
                     algorithm="the binomial tree", chapter=self.chapter)
@@ -384,7 +384,7 @@ class AverageGradients:
         total = sum(sizes) * 4
         bound = max(2 * (n - 1) * math.ceil(sum(sizes) / n), sum(2 * (n - 1) * math.ceil(m / n) for m in sizes)) * 4
         return Need(sent_bytes=bound,
-                    ideal=f"2(N-1)/N x S = {2 * (n - 1) * total // n} bytes (S = {total} bytes of gradients)",
+                    ideal=f"about 2(N-1)/N x S = {2 * (n - 1) * total // n} bytes (S = {total} bytes of gradients)",
                     algorithm="a ring all_reduce", chapter="chapter 4 (tutorials/04_ring_allreduce.md)")
 
 
@@ -440,7 +440,7 @@ class Zero1Step:
             return None
         bound = self.steps * 2 * (n - 1) * (math.ceil(total / n) + len(case["shapes"])) * 4
         return Need(sent_bytes=bound,
-                    ideal=f"{self.steps} x 2(N-1)/N x S = {self.steps * 2 * (n - 1) * total * 4 // n} bytes in "
+                    ideal=f"about {self.steps} x 2(N-1)/N x S = {self.steps * 2 * (n - 1) * total * 4 // n} bytes in "
                           f"{self.steps} steps (each: reduce-scatter the gradients, all-gather the parameters; "
                           f"S = {total * 4} bytes)",
                     algorithm="ZeRO-1", chapter=self.chapter)
