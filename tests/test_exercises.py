@@ -136,6 +136,15 @@ def test_a_solution_calling_an_unwritten_stub_is_told_which(tmp_path):
                                    "tutorials/exercises/all_reduce.py, which still raises"), verdict.text
 
 
+def test_an_endless_loop_is_stopped_and_called_stuck(tmp_path):
+    spin = tmp_path / "spin.py"
+    spin.write_text("def send_recv_ring(tensor, group=None):\n    while True:\n        pass\n")
+    verdict = grade("send_recv_ring", str(spin), quick=True, world_sizes=(1,), hang_seconds=2)
+    assert verdict.reason == "deadlock", verdict.text
+    assert verdict.text.startswith("FAIL send_recv_ring: stuck. With 1 rank (tensor float32[0]), no rank made")
+    assert "rank 0: case 1: calling send_recv_ring" in verdict.text and "an endless loop?" in verdict.text
+
+
 def test_every_wrong_solution_is_tested():
     tested = {c[1] for c in WRONG_CASES}
     on_disk = {p.stem for p in WRONG.glob("*.py") if p.stem != "__init__"}

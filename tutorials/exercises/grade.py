@@ -262,16 +262,19 @@ def _case_words(check, case, n):
 def _deadlock_text(name, world, check, cases):
     index = world.stop[2]
     case = cases[index] if index < len(cases) else None
-    lines = [f"FAIL {name}: deadlock. With {_world(world.n)}"
+    statuses = world.statuses
+    finished = [r for r, s in enumerate(statuses) if s.startswith(f"returned from {name}")]
+    waiting = [s for s in statuses if s.startswith(("in dist.", "waiting in req.wait()"))]
+    busy = [r for r, s in enumerate(statuses) if r not in finished and not s.startswith(("in dist.", "waiting in"))]
+    lines = [f"FAIL {name}: {'deadlock' if waiting else 'stuck'}. With {_world(world.n)}"
              + (f" ({_case_words(check, case, world.n)})" if case else "")
              + f", no rank made any progress for {world.stop[3]:g} s, so the grader stopped them.",
-             "Where each rank was waiting:"]
-    statuses = world.statuses
-    for r, text in enumerate(statuses):
-        lines.append(f"  rank {r}: {text}")
-    waiting = [s for s in statuses if not s.startswith("returned from")]
-    finished = [r for r, s in enumerate(statuses) if s.startswith("returned from")]
-    if waiting and all(s.startswith("in dist.send") for s in waiting):
+             "Where each rank was waiting:" if waiting else "Where each rank was:"]
+    lines += [f"  rank {r}: {text}" for r, text in enumerate(statuses)]
+    if not waiting and busy:
+        lines.append(f"No rank is waiting for a message: {_ranks(busy)} {'is' if len(busy) == 1 else 'are'} "
+                     f"still running your code after the call shown (an endless loop?).")
+    elif waiting and all(s.startswith("in dist.send") for s in waiting):
         lines.append("Every waiting rank is in a blocking send and none is receiving: a send waits for "
                      "its receive. Post each send together with its receive (dist.isend + dist.irecv, "
                      "or dist.batch_isend_irecv), or let even ranks send first and odd ranks receive "
@@ -292,7 +295,8 @@ def _crash_text(name, world, check, cases, shown_path, source):
     where = f"with {_world(world.n)}" + (f" ({_case_words(check, case, world.n)})" if case else "")
     if kind == "not_written":
         raised_in, function = payload
-        if function != name or (source.endswith(".py") and raised_in != os.path.abspath(source)):
+        elsewhere = raised_in != os.path.abspath(source) if source.endswith(".py") else function != name
+        if elsewhere:
             return (f"NOT WRITTEN {name}: it calls {function} in {_shown(raised_in)}, which still raises "
                     f"NotImplementedError. Write and grade that one first "
                     f"(python -m tutorials.exercises.grade {function}).")
