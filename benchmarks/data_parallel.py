@@ -7,6 +7,14 @@ the median milliseconds per training step and the ratio to DDP::
 
     python -m benchmarks.data_parallel --world-size 2,4
 
+With ``--trace FILE`` it instead runs one ``DataParallel`` training step of
+the MNIST net (after one untraced warm-up step) on every rank, traced, and
+rank 0 writes the Chrome/Perfetto trace JSON (open it in ui.perfetto.dev) and
+a timeline picture drawn from the same file beside it::
+
+    python -m benchmarks.data_parallel --world-size 4 --trace bench_out/mnist_step.json \
+        --data-dir ../shared/data
+
 Variants: ``DataParallel`` (bucketed, async, overlapped), ``NaiveDataParallel``
 (one all_reduce per parameter after backward, the tutorial), torch ``DDP``
 on gloo, and ``DDP`` with :func:`collectives.ddp_comm_hook`. A step is
@@ -86,6 +94,68 @@ def _worker(args, rank, world, device):
     return rows
 
 
+def _trace_worker(args, rank, world, device):
+    """One traced DataParallel step; rank 0 writes the trace and its picture."""
+    from collectives import perfetto, trace
+    torch.manual_seed(0)
+    model = DataParallel(Net(), bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = _batch(args, rank, world)
+    spans = []
+
+    def step(record):
+        t = time.time()
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        t_fwd = time.time()
+        loss.backward()
+        t_bwd = time.time()
+        opt.step()
+        if record:
+            spans.extend([(rank, "forward", t, t_fwd), (rank, "backward (gradients averaged)", t_fwd, t_bwd),
+                          (rank, "optimizer step", t_bwd, time.time())])
+    step(False)                      # warm-up: first-call costs stay out of the picture
+    api.barrier()
+    with trace() as records:
+        step(True)
+    everyone = perfetto.gather_records(records)
+    all_spans = [None] * world if rank == 0 else None
+    torch.distributed.gather_object(spans, all_spans, dst=0)
+    if rank != 0:
+        return None
+    all_spans = [s for per_rank in all_spans for s in per_rank]
+    os.makedirs(os.path.dirname(os.path.abspath(args.trace)), exist_ok=True)
+    perfetto.export_chrome_trace(everyone, args.trace, spans=all_spans)
+    summary = perfetto.check_trace(args.trace)
+    import matplotlib
+    matplotlib.use("Agg")
+    from collectives import plot
+    ax = plot.timeline(args.trace, color_by="collective",
+                       title=f"one DataParallel step of the MNIST net, {world} ranks, "
+                             f"{args.batch_size} examples per rank, bucket_cap_mb={args.bucket_cap_mb}")
+    png = os.path.splitext(args.trace)[0] + ".png"
+    ax.figure.savefig(png, dpi=90)
+    print(f"wrote {args.trace} ({summary['slices']} slices on {summary['tracks']} tracks, "
+          f"{summary['flows']} message arrows) and {png}", flush=True)
+    return summary
+
+
+def _batch(args, rank, world):
+    """This rank's examples: the first global batch of MNIST with --data-dir, else random ones."""
+    if not args.data_dir:
+        g = torch.Generator().manual_seed(rank)
+        return (torch.randn(args.batch_size, 1, 28, 28, generator=g),
+                torch.randint(0, 10, (args.batch_size,), generator=g))
+    from collectives.data import load_mnist, prepare_mnist
+    if rank == 0:
+        prepare_mnist(args.data_dir)                      # unpack once ...
+    api.barrier()                                          # ... while the others wait
+    data = load_mnist(prepare_mnist(args.data_dir, download=False), subset=args.batch_size * world)
+    x, y = data.tensors
+    mine = slice(rank * args.batch_size, (rank + 1) * args.batch_size)
+    return x[mine], y[mine]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.data_parallel", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -97,7 +167,13 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
     p.add_argument("--bucket-cap-mb", type=float, default=25)
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "data_parallel"))
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="instead of timing: trace one DataParallel step, write FILE (Perfetto JSON) and a PNG")
+    p.add_argument("--data-dir", default=None, help="with --trace: a folder holding MNIST/raw (else random data)")
     args = common.finish_parsing(p, p.parse_args(argv))
+    if args.trace:
+        common.run_worlds(_trace_worker, args)
+        return
     meta = common.machine_info("python -m benchmarks.data_parallel", args)
     results = common.run_worlds(_worker, args)
     if results is not None:

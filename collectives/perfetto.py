@@ -13,7 +13,9 @@ viewers read (a JSON object with a ``traceEvents`` list):
   (``send 4096 B -> 1``, args: bytes, peer, step, collective, algorithm).
   Slices that overlap in time go to extra tracks ("messages 2", ...), because
   slices on one track must nest;
-* an arrow (a flow event) from each send to its matching receive.
+* an arrow (a flow event) from each send to its matching receive;
+* optionally, a "program" track with spans the caller marks (forward,
+  backward, optimizer step), so the messages show against the work around them.
 
 Slices are complete events (``"ph": "X"``) with ``ts`` and ``dur`` in
 microseconds, measured from the first record. Ranks on one machine share
@@ -22,8 +24,7 @@ only as aligned as the machines' clocks.
 
 Until the door records calls, call slices are *derived* from the messages of
 each rank: consecutive messages of the same collective and algorithm form
-one call, and a call ends where the step number falls back or a (kind, peer,
-step) repeats. Calls that overlap on one rank (async work on two groups) can
+one call, and a new call starts where a (kind, peer, step) repeats. Calls that overlap on one rank (async work on two groups) can
 then merge; their args say ``"derived": true``.
 
 Example::
@@ -40,6 +41,7 @@ import torch.distributed as dist
 
 from .p2p_communications import Message
 
+SPAN_TID = 0          # the "program" track: spans the caller marks (forward, backward, ...)
 CALL_TID = 1          # first thread id of the call tracks
 MESSAGE_TID = 101     # first thread id of the message tracks
 
@@ -88,17 +90,17 @@ def derive_calls(messages):
     for m in sorted(messages, key=lambda m: m.start):
         cur = calls[-1] if calls else None
         key = (m.kind, m.dst if m.kind == "send" else m.src, m.step)
+        # Not "the step fell back": algorithms post some receives of later steps early.
         if (cur is None or (cur["collective"], cur["algorithm"]) != (m.collective, m.algorithm)
-                or m.step < cur["last_step"] or key in cur["seen"]):
+                or key in cur["seen"]):
             cur = {"collective": m.collective, "algorithm": m.algorithm, "start": m.start,
-                   "end": m.start, "messages": [], "seen": set(), "last_step": m.step}
+                   "end": m.start, "messages": [], "seen": set()}
             calls.append(cur)
         cur["messages"].append(m)
         cur["seen"].add(key)
-        cur["last_step"] = m.step
         cur["end"] = max(cur["end"], m.end if not math.isnan(m.end) else m.start)
     for c in calls:
-        del c["seen"], c["last_step"]
+        del c["seen"]
     return calls
 
 
@@ -218,17 +220,38 @@ def trace_events(records, t0=None):
     return events
 
 
-def to_chrome_trace(records):
+def span_events(spans, t0):
+    """Complete events on each rank's "program" track for ``spans`` of (rank, name, start, end).
+
+    Spans are what the program around the collectives did (forward, backward,
+    optimizer step), in ``time.time()`` seconds; ``t0`` as in :func:`trace_events`.
+    """
+    events = []
+    for rank in sorted({s[0] for s in spans}):
+        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": SPAN_TID, "args": {"name": "program"}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": SPAN_TID,
+                       "args": {"sort_index": SPAN_TID}})
+    for rank, name, start, end in spans:
+        events.append({"ph": "X", "name": name, "cat": "program", "pid": rank, "tid": SPAN_TID,
+                       "ts": (start - t0) * 1e6, "dur": max(end - start, 0.0) * 1e6, "args": {}})
+    return events
+
+
+def to_chrome_trace(records, spans=()):
     """The JSON object (a dict) of :func:`export_chrome_trace`, without writing it.
 
     ``otherData.t0_unix_s`` is the wall-clock time that ``ts`` 0 stands for.
     """
-    t0 = _start_time(records)
-    return {"traceEvents": trace_events(records, t0), "displayTimeUnit": "ms",
+    starts = [s[2] for s in spans]
+    first = _start_time(records)
+    t0 = min(starts + ([first] if first is not None else [])) if (starts or first is not None) else None
+    events = trace_events(records, t0) if first is not None else []
+    events += span_events(spans, t0) if spans else []
+    return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": "collectives.perfetto", "t0_unix_s": t0}}
 
 
-def export_chrome_trace(records, path):
+def export_chrome_trace(records, path, spans=()):
     """Write the records of every rank as Chrome/Perfetto trace JSON.
 
     Args:
@@ -236,6 +259,9 @@ def export_chrome_trace(records, path):
             message names its rank) or a {rank: records} mapping.
         path (str): The ``.json`` file to write; open it in ui.perfetto.dev
             or chrome://tracing.
+        spans (list): Optional (rank, name, start, end) marks of what the
+            program did around the collectives (e.g. forward, backward), drawn
+            on each rank's "program" track.
 
     Returns:
         str: ``path``.
@@ -246,7 +272,7 @@ def export_chrome_trace(records, path):
         'step.json'
     """
     with open(path, "w") as f:
-        json.dump(to_chrome_trace(records), f)
+        json.dump(to_chrome_trace(records, spans), f)
     return path
 
 

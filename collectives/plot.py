@@ -51,7 +51,8 @@ def timeline(messages, ax=None, title=None, color_by="step", events=()):
     Drawn from the same data a Perfetto trace holds (:mod:`collectives.perfetto`):
     thin bars on a lane show how long that rank's send (above the lane) or
     receive (below) was outstanding, grey boxes behind them the collective
-    calls, and arrows the flows from each send to its receive. Bars and arrows
+    calls, outlined boxes at the top of a lane the spans the program marked
+    (forward, backward, ...), and arrows the flows from each send to its receive. Bars and arrows
     are coloured by ``color_by`` ("step" or "collective").
 
     Args:
@@ -88,6 +89,11 @@ def timeline(messages, ax=None, title=None, color_by="step", events=()):
         if e["cat"] == "collective":
             ax.add_patch(plt.Rectangle((ms(e["ts"]), lane[e["pid"]] - 0.3), e["dur"] / 1e3, 0.6,
                                        color="0.85", zorder=0, lw=0))
+        elif e["cat"] == "program":      # spans the program marked (perfetto.span_events)
+            ax.add_patch(plt.Rectangle((ms(e["ts"]), lane[e["pid"]] - 0.45), e["dur"] / 1e3, 0.12,
+                                       facecolor="none", edgecolor="0.4", lw=0.8, zorder=1))
+            ax.text(ms(e["ts"]) + e["dur"] / 2e3, lane[e["pid"]] - 0.39, e["name"].split(" (")[0],
+                    ha="center", va="center", fontsize=6, color="0.3", clip_on=True)
     for e in sends_recvs:
         y = lane[e["pid"]] + (0.08 if e["cat"] == "send" else -0.08)
         ax.plot([ms(e["ts"]), ms(e["ts"] + e["dur"])], [y, y], color=colour[e["args"][color_by]],

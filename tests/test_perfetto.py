@@ -145,3 +145,30 @@ def test_export_all_gathers_every_rank_to_rank_0(tmp_path):
     ring = [e for e in slices if e["cat"] == "send" and e["args"]["collective"] == "all_reduce"]
     assert len(ring) == 3 * 2 * (3 - 1)                    # 2(N-1) sends per rank
     assert counts["flows"] == len([e for e in slices if e["cat"] == "send"])
+
+
+def test_receives_posted_early_stay_in_their_call():
+    """Tree all_reduce posts the broadcast-phase receive (step 3) before its step-0 send: one call."""
+    msgs = [Message("all_reduce", "tree", 3, "recv", 0, 1, 64, 1.000, 1.050),
+            Message("all_reduce", "tree", 0, "send", 1, 0, 64, 1.001, 1.020),
+            Message("all_reduce", "tree", 3, "recv", 0, 1, 64, 2.000, 2.050),   # the next call
+            Message("all_reduce", "tree", 0, "send", 1, 0, 64, 2.001, 2.020)]
+    calls = perfetto.derive_calls(msgs)
+    assert [len(c["messages"]) for c in calls] == [2, 2]
+    assert calls[0]["end"] == 1.050 and calls[1]["start"] == 2.000
+
+
+def test_one_training_step_trace(tmp_path):
+    """benchmarks.data_parallel --trace: one DataParallel step on 2 ranks, a valid trace and its picture."""
+    from benchmarks import data_parallel
+    path = tmp_path / "step.json"
+    data_parallel.main(["--world-size", "2", "--trace", str(path), "--batch-size", "4"])
+    trace = json.loads(path.read_text())
+    perfetto.check_trace(trace)
+    slices = by_phase(trace, "X")
+    for rank in (0, 1):
+        program = [e["name"] for e in sorted(slices, key=lambda e: e["ts"]) if e["pid"] == rank and e["cat"] == "program"]
+        assert program == ["forward", "backward (gradients averaged)", "optimizer step"]
+        assert any(e["cat"] == "collective" and e["args"]["collective"] == "all_reduce"
+                   for e in slices if e["pid"] == rank)
+    assert (tmp_path / "step.png").stat().st_size > 1000
