@@ -74,10 +74,10 @@ def _spin(seconds):
 
 def _variants(x, algorithm):
     rank, n = dist.get_rank(), dist.get_world_size()
-    world, ranks, backend = dist.group.WORLD, list(range(n)), str(dist.get_backend())
+    world = dist.group.WORLD
     right, left = (rank + 1) % n, (rank - 1) % n
     inbox = torch.empty_like(x)
-    red = reduce_ops.resolve(dist.ReduceOp.SUM, x.dtype, "bench_call")
+    red = reduce_ops.resolve(dist.ReduceOp.SUM, x.dtype, "call_overhead")
     run = REGISTRY["all_reduce"][algorithm]
 
     def torch_exchange():
@@ -100,8 +100,8 @@ def _variants(x, algorithm):
     return {
         "built-in": lambda: dist.all_reduce(x),
         "api": lambda: api.all_reduce(x, algorithm=algorithm),
-        "algorithm": lambda: run(Comm(world, "all_reduce", algorithm, ranks, backend, rank), x, red),
-        "exchange, door": lambda: Comm(world, "bench", "exchange", ranks, backend, rank).exchange(
+        "algorithm": lambda: run(Comm(world, "all_reduce", algorithm), x, red),
+        "exchange, door": lambda: Comm(world, "bench", "exchange").exchange(
             0, sends=[(x, right)], recvs=[(inbox, left)]),
         "exchange, torch": torch_exchange,
         "exchange, torch + 100 us CPU": torch_exchange_after_cpu,

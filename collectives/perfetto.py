@@ -22,8 +22,10 @@ microseconds, measured from the first record. Ranks on one machine share
 their clock (records hold ``time.time()``); across machines the tracks are
 only as aligned as the machines' clocks.
 
-Until the door records calls, call slices are *derived* from the messages of
-each rank: consecutive messages of the same collective and algorithm form
+Call slices come from the ``Call`` records :func:`collectives.trace` keeps
+(one per collective call on each rank, with its sequence number on the group).
+For records without them (older traces, hand-built message lists) call slices
+are *derived* from the messages of each rank: consecutive messages of the same collective and algorithm form
 one call, and a new call starts where a (kind, peer, step) repeats. Calls that overlap on one rank (async work on two groups) can
 then merge; their args say ``"derived": true``.
 
@@ -144,7 +146,10 @@ def trace_events(records, t0=None):
         if _is_message(r):
             messages.setdefault(_owner(r), []).append(r)
         else:
-            owner = getattr(r, "rank", None)
+            # A Call's rank is its group rank; its ranks list maps that to the global rank.
+            owner, group = getattr(r, "rank", None), getattr(r, "ranks", None)
+            if owner is not None and group and 0 <= owner < len(group):
+                owner = group[owner]
             owner = rank if owner is None else owner
             if owner is None:
                 raise ValueError("a call record without a rank: pass {rank: records} (gather_records does)")

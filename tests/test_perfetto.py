@@ -12,7 +12,7 @@ import torch
 
 import collectives
 from collectives import perfetto
-from collectives.p2p_communications import Message
+from collectives.p2p_communications import Call, Message
 from tests.worlds import run_world
 
 
@@ -91,20 +91,23 @@ def test_back_to_back_single_step_calls_are_separate_slices():
 
 
 def test_call_records_are_used_when_present():
-    class Call:                      # the fields the door's call records carry
-        def __init__(self, seq, start, end):
-            self.collective, self.algorithm, self.seq = "all_reduce", "ring", seq
-            self.ranks, self.nbytes, self.start, self.end = [0, 1], 64, start, end
-    records = {0: [Call(0, 1.0, 1.2), Message("all_reduce", "ring", 0, "send", 0, 1, 32, 1.0, 1.1)],
-               1: [Call(0, 1.0, 1.3), Message("all_reduce", "ring", 0, "recv", 0, 1, 32, 1.05, 1.1)]}
+    # A group of global ranks (2, 5): group rank 0 is global rank 2.
+    records = [Call("all_reduce", "ring", 0, (2, 5), 0, 64, 1.0, 1.2),
+               Message("all_reduce", "ring", 0, "send", 2, 5, 32, 1.0, 1.1),
+               Call("all_reduce", "ring", 0, (2, 5), 1, 64, 1.0, 1.3),
+               Message("all_reduce", "ring", 0, "recv", 2, 5, 32, 1.05, 1.1)]
     trace = perfetto.to_chrome_trace(records)
     perfetto.check_trace(trace)
     calls = [e for e in by_phase(trace, "X") if e["cat"] == "collective"]
-    assert sorted((e["pid"], e["dur"]) for e in calls) == [(0, pytest.approx(2e5)), (1, pytest.approx(3e5))]
-    assert calls[0]["args"]["seq"] == 0 and calls[0]["args"]["group ranks"] == [0, 1]
+    assert sorted((e["pid"], e["dur"]) for e in calls) == [(2, pytest.approx(2e5)), (5, pytest.approx(3e5))]
+    assert calls[0]["args"]["seq"] == 0 and calls[0]["args"]["group ranks"] == [2, 5]
     assert "derived" not in calls[0]["args"]
+
+    class Bare:                      # a call record that does not say whose it is
+        collective, algorithm, start, end = "all_reduce", "ring", 1.0, 1.2
     with pytest.raises(ValueError, match="without a rank"):
-        perfetto.to_chrome_trace([Call(0, 1.0, 1.2)])
+        perfetto.to_chrome_trace([Bare()])
+    assert perfetto.to_chrome_trace({3: [Bare()]})["traceEvents"][-1]["pid"] == 3
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -142,6 +145,8 @@ def test_export_all_gathers_every_rank_to_rank_0(tmp_path):
     for rank in range(3):
         calls = sorted((e for e in slices if e["pid"] == rank and e["cat"] == "collective"), key=lambda e: e["ts"])
         assert [e["args"]["collective"] for e in calls] == ["all_reduce", "broadcast"]
+        assert [e["args"]["seq"] for e in calls] == [calls[0]["args"]["seq"], calls[0]["args"]["seq"] + 1]
+        assert all("derived" not in e["args"] for e in calls)      # the door's Call records
     ring = [e for e in slices if e["cat"] == "send" and e["args"]["collective"] == "all_reduce"]
     assert len(ring) == 3 * 2 * (3 - 1)                    # 2(N-1) sends per rank
     assert counts["flows"] == len([e for e in slices if e["cat"] == "send"])
