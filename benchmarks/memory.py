@@ -28,7 +28,8 @@ counted again), and it raises its mmap threshold as large blocks are freed
 ``malloc_trim(0)`` before each call returns what is kept. Smaller blocks and
 the allocator's bookkeeping remain, within about 1 MiB. Pages count only once
 written: a buffer allocated and never filled costs nothing here, as it costs
-nothing on the machine. Linux and glibc only; CPU tensors only.
+nothing on the machine. The first calls also fault in code and set up
+connections, hence the warm-up calls (``-w``) before measuring. Linux and glibc only; CPU tensors only.
 """
 import argparse
 import ctypes

@@ -8,6 +8,7 @@ and that the model and the chooser follow their rules.
 import ast
 import json
 import math
+import os
 import pathlib
 import time
 
@@ -305,3 +306,51 @@ def test_cpu_prints_a_row_per_candidate(capfd, tmp_path):
         assert float(cells[1]) > 0                                   # wall ms per call
         assert len(cells) == 2 + len(bench_cpu.ROLES) + 2            # roles, total, ratio
         assert all(float(x) >= 0 for c in cells[2:2 + len(bench_cpu.ROLES)] for x in c.split("+"))
+
+
+def test_peak_extra_sees_a_short_lived_buffer():
+    """benchmarks.memory's measure: a 32 MiB temporary freed before the call returns still counts."""
+    from benchmarks import memory
+    assert memory.exact_malloc()
+    x = torch.ones(1 << 20)
+    (x.repeat(8) + 1).sum()          # the first call also faults in torch's code pages: warm up
+    extra = memory.peak_extra(lambda: (x.repeat(8) + 1).sum())      # two 32 MiB temporaries at once
+    assert 63 << 20 <= extra <= 66 << 20
+    assert memory.peak_extra(lambda: None) < 1 << 20
+    # Freed blocks go back to the kernel, so a second identical call counts them again.
+    assert memory.peak_extra(lambda: (x.repeat(8) + 1).sum()) >= 63 << 20
+
+
+def test_memory_table_has_every_candidate(tmp_path, capfd):
+    from benchmarks import memory
+    memory.main(["-b", "1M", "--world-size", "2", "-n", "1", "-w", "1", "--algorithm", "builtin,ring,default",
+                 "--out", str(tmp_path)])
+    out = capfd.readouterr().out
+    assert "all_reduce 1M float, N=2: extra peak resident memory per rank" in out
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == ["builtin", "ring", "default"]
+    assert rows[2]["chosen"] in ALGORITHMS["all_reduce"]
+    for r in rows:
+        assert 0 <= r["least_rank_MiB"] <= r["extra_peak_MiB"] < 64
+        assert math.isclose(r["extra_peak_over_S"], r["extra_peak_MiB"] / 1.0)
+
+
+def test_desync_cost_times_both_sides(tmp_path, capfd):
+    from benchmarks import desync_cost
+    assert desync_cost.switch_works()
+    desync_cost.main(["-b", "4K", "--world-size", "2", "-n", "2", "-w", "1", "--batch", "1",
+                      "--algorithm", "ring,default", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["world_size"], r["algorithm"]) for r in rows] == [(2, "ring"), (2, "default")]
+    for r in rows:
+        assert r["tags_on_us"] > 0 and r["tags_off_us"] > 0 and r["builtin_us"] > 0
+        assert math.isclose(r["on_over_off"], r["tags_on_us"] / r["tags_off_us"])
+    assert "worst on/off" in capfd.readouterr().out
+
+
+def test_call_tags_switch_restores_the_environment(monkeypatch):
+    from benchmarks import desync_cost
+    monkeypatch.delenv("COLLECTIVES_CALL_TAGS", raising=False)
+    with desync_cost.call_tags(False):
+        assert os.environ["COLLECTIVES_CALL_TAGS"] == "0"
+    assert "COLLECTIVES_CALL_TAGS" not in os.environ
