@@ -25,9 +25,10 @@ only as aligned as the machines' clocks.
 Call slices come from the ``Call`` records :func:`collectives.trace` keeps
 (one per collective call on each rank, with its sequence number on the group).
 For records without them (older traces, hand-built message lists) call slices
-are *derived* from the messages of each rank: consecutive messages of the same collective and algorithm form
-one call, and a new call starts where a (kind, peer, step) repeats. Calls that overlap on one rank (async work on two groups) can
-then merge; their args say ``"derived": true``.
+are *derived* from the messages of each rank: consecutive messages of the same
+collective and algorithm form one call, and a new call starts where a (kind,
+peer, step) repeats. Calls that overlap on one rank (async work on two groups)
+can then merge; their args say ``"derived": true``.
 
 Example::
 

@@ -15,7 +15,6 @@ import time
 import pytest
 import torch
 
-import collectives
 from benchmarks import common, sweep
 from collectives import cost_model, tuning
 from collectives.algorithms import ALGORITHMS
