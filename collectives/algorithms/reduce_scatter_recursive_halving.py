@@ -33,8 +33,8 @@ Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005, section 4.
 import torch
 
 from ._cost import NOTHING, Tally, pieces
-from ._util import (first_real_rank, fold, fold_in, fold_out, real_rank, tally_fold_in,
-                    tally_fold_out, virtual_rank)
+from ._util import (first_real_rank, fold, fold_in, fold_out, real_rank, split_bounds,
+                    tally_fold_in, tally_fold_out, virtual_rank)
 
 
 def halving_plan(vrank, p):
@@ -48,57 +48,66 @@ def halving_plan(vrank, p):
     return plan
 
 
-def cut(blocks, group):
-    """The blocks [a, b) as messages of at most ``group`` blocks each."""
-    a, b = blocks
-    return [(x, min(x + group, b)) for x in range(a, b, group)]
+def messages_per_step(bounds, mask, item, limit):
+    """How many messages a step exchanging ``mask`` blocks is cut into, so that none
+    exceeds ``limit`` bytes (one if ``limit`` is None). The same on every rank: it
+    is taken from the largest run of ``mask`` blocks, the first (blocks shrink)."""
+    if not limit:
+        return 1
+    return max(1, -(-(bounds[mask] - bounds[0]) * item // limit))
 
 
-def largest_kept(bounds, vrank, p, group):
+def cut(lo, hi, k):
+    """Elements [lo, hi) as ``k`` messages, split as ``tensor_split`` splits."""
+    b = split_bounds(hi - lo, k)
+    return [(lo + b[i], lo + b[i + 1]) for i in range(k)]
+
+
+def schedule(bounds, vrank, p, item, limit):
+    """Per message of the halving: (partner's virtual rank, elements kept, elements given)."""
+    out = []
+    for partner, keep, give in halving_plan(vrank, p):
+        k = messages_per_step(bounds, keep[1] - keep[0], item, limit)
+        for kept, given in zip(cut(bounds[keep[0]], bounds[keep[1]], k),
+                               cut(bounds[give[0]], bounds[give[1]], k)):
+            out.append((partner, kept, given))
+    return out
+
+
+def halving_steps(bounds, p, item, limit=None):
+    """How many step numbers :func:`recursive_halving` uses (one per message)."""
+    return sum(messages_per_step(bounds, p >> k, item, limit) for k in range(1, p.bit_length()))
+
+
+def largest_kept(bounds, vrank, p, item, limit=None):
     """Elements of the largest message virtual rank ``vrank`` receives in the halving."""
-    return max((bounds[b] - bounds[a] for _, keep, _ in halving_plan(vrank, p)
-                for a, b in cut(keep, group)), default=0)
+    return max((b - a for _, (a, b), _ in schedule(bounds, vrank, p, item, limit)), default=0)
 
 
-def recursive_halving(comm, buf, bounds, vrank, p, extra, op, step0, group=None, inbox=None):
+def recursive_halving(comm, buf, bounds, vrank, p, extra, op, step0, limit=None, inbox=None):
     """Reduce-scatter over P virtual ranks; block v is ``buf[bounds[v]:bounds[v+1]]``.
 
-    Each step's half travels in messages of ``group`` blocks (by default the
-    whole half in one), each with its own step number, and each is received
-    into the same ``inbox`` and folded in before the next one: the inbox needs
-    room for one message only. Returns the step after the last one used.
+    Each step exchanges half of the current range with the partner. With a
+    ``limit`` (bytes), that half travels in messages of at most ``limit``, each
+    with its own step number, each received into the same ``inbox`` and folded
+    in before the next: the inbox needs room for one message only. Without
+    one, the whole half is one message.
     """
-    group = group or p
+    item = buf.element_size()
     if inbox is None:
-        inbox = buf.new_empty(largest_kept(bounds, vrank, p, group))
-    step = step0
-    for partner, keep, give in halving_plan(vrank, p):
-        partner = real_rank(partner, extra)
-        for (a, b), (c, d) in zip(cut(keep, group), cut(give, group)):
-            kept = buf[bounds[a]:bounds[b]]
-            got = inbox[:kept.numel()]
-            comm.sendrecv(buf[bounds[c]:bounds[d]], partner, got, partner, step)
-            op.combine(kept, got)
-            step += 1
-    return step
+        inbox = buf.new_empty(largest_kept(bounds, vrank, p, item, limit))
+    for step, (partner, (a, b), (c, d)) in enumerate(schedule(bounds, vrank, p, item, limit), step0):
+        got = inbox[:b - a]
+        comm.sendrecv(buf[c:d], real_rank(partner, extra), got, real_rank(partner, extra), step)
+        op.combine(buf[a:b], got)
 
 
-def halving_steps(p, group=None):
-    """How many step numbers :func:`recursive_halving` uses."""
-    group = group or p
-    return sum(-(-(p >> k) // group) for k in range(1, p.bit_length()))
-
-
-def tally_recursive_halving(tally, bounds, p, extra, step0, group=None):
-    """Count :func:`recursive_halving` with ``bounds`` in bytes (allocations not included)."""
-    group = group or p
+def tally_recursive_halving(tally, bounds, p, extra, step0, item, limit=None):
+    """Count :func:`recursive_halving` (``bounds`` in elements; allocations not included)."""
     for v in range(p):
-        step = step0
-        for partner, keep, give in halving_plan(v, p):
-            for (a, b), (c, d) in zip(cut(keep, group), cut(give, group)):
-                tally.message(step, real_rank(v, extra), real_rank(partner, extra), bounds[d] - bounds[c])
-                tally.reduce(real_rank(v, extra), bounds[b] - bounds[a])
-                step += 1
+        for step, (partner, (a, b), (c, d)) in enumerate(schedule(bounds, v, p, item, limit), step0):
+            tally.message(step, real_rank(v, extra), real_rank(partner, extra), (d - c) * item)
+            tally.reduce(real_rank(v, extra), (b - a) * item)
 
 
 def cost(n, s, item=1):
@@ -106,7 +115,7 @@ def cost(n, s, item=1):
     if n == 1:
         return NOTHING
     p, extra = fold(n)
-    c = pieces(s, n, item)[0]
+    c = s // item // n          # elements of one chunk
     t = Tally(n)
     step = 0
     if extra:
@@ -115,14 +124,16 @@ def cost(n, s, item=1):
             t.reduce(2 * i + 1, s)
         step += 1
     bounds = [first_real_rank(u, extra) * c for u in range(p)] + [n * c]
-    tally_recursive_halving(t, bounds, p, extra, step)
-    step += halving_steps(p)
+    tally_recursive_halving(t, bounds, p, extra, step, item)
+    step += halving_steps(bounds, p, item)
     if extra:
-        tally_fold_out(t, extra, step, c)
+        tally_fold_out(t, extra, step, c * item)
     for r in range(n):
         v = virtual_rank(r, extra)
-        folded_receiver = r < 2 * extra and r % 2
-        t.allocate(r, s + (s if folded_receiver else largest_kept(bounds, v, p, p) if v is not None else 0))
+        if r < 2 * extra and r % 2:
+            t.allocate(r, 2 * s)          # the input and its partner's
+        else:
+            t.allocate(r, s + (largest_kept(bounds, v, p, item) * item if v is not None else 0))
     return t.cost()
 
 
@@ -135,6 +146,7 @@ def reduce_scatter(comm, output, input_list, op):
     step = 0
     inbox = None
     if extra:
+        # only the odd rank of a folded pair receives; its inbox serves the halving too
         inbox = torch.empty_like(work) if r < 2 * extra and r % 2 else None
         if fold_in(comm, extra, step, work, inbox):
             op.combine(work, inbox)
@@ -142,7 +154,7 @@ def reduce_scatter(comm, output, input_list, op):
     if v is not None:
         bounds = [first_real_rank(u, extra) * c for u in range(p)] + [n * c]
         recursive_halving(comm, work, bounds, v, p, extra, op, step, inbox=inbox)
-    step += halving_steps(p)
+    step += p.bit_length() - 1   # one message per step: no limit
     mine = work[r * c:(r + 1) * c]
     if extra:
         fold_out(comm, extra, step, work[(r - 1) * c:r * c], mine)
