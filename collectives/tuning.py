@@ -156,9 +156,16 @@ def _model(table, group_size):
 @functools.lru_cache(maxsize=4096)
 def choose(collective, nbytes, group_size):
     """Name of the default algorithm for ``collective`` with ``nbytes`` on ``group_size`` ranks."""
+    pick, source = explain(collective, nbytes, group_size)
+    _say(source, group_size)
+    return pick
+
+
+def explain(collective, nbytes, group_size):
+    """(algorithm, where the choice came from): what :func:`choose` picks, and why."""
     names = ALGORITHMS[collective]
     if len(names) == 1:
-        return names[0]
+        return names[0], "the only algorithm"
     if group_size > 1:
         mine, shipped = _cache(), _table()
         where = f"COLLECTIVES_TUNING_TABLE={table_path()}" if table_path() != TABLE_PATH else \
@@ -174,10 +181,8 @@ def choose(collective, nbytes, group_size):
                 params = _model(table, group_size)
                 pick = params and cost_model.best(collective, names, group_size, max(nbytes, 1), params)
             if pick:
-                _say(source, group_size)
-                return pick
-    _say("rules of thumb", group_size)
-    return rule_of_thumb(collective, nbytes, group_size)
+                return pick, source
+    return rule_of_thumb(collective, nbytes, group_size), "rules of thumb"
 
 
 def _nearest(points, nbytes):

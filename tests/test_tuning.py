@@ -129,3 +129,33 @@ def test_best_from_rows_prefers_the_steady_winner_among_near_ties():
                             (4, "ring", 30), (4, "tree", 10), (4, "builtin", 1), (4, "default", 1))]
     assert tuning.best_from_rows(rows) == {"all_reduce": {"2": [[1, "ring"], [2, "ring"], [3, "ring"],
                                                                 [4, "tree"]]}}
+
+
+def test_tune_writes_a_table_that_choose_reads(tmp_path, monkeypatch):
+    """python -m benchmarks.tune, as small as it goes: one size, one collective, N=2."""
+    from benchmarks import tune
+    path = tmp_path / "table.json"
+    tune.main(["--world-size", "2", "-b", "4K", "-e", "4K", "--collective", "all_reduce",
+               "-n", "1", "-w", "0", "--top", "2", "--table", str(path), "--out", str(tmp_path / "out")])
+    table = json.loads(path.read_text())
+    (size, name), = table["choices"]["all_reduce"]["2"]
+    assert size == 4096 and name in ALGORITHMS["all_reduce"]
+    assert set(table["models"]["2"]) >= {"alpha", "beta", "gamma"}
+    assert table["measured"][-1]["machine"] == tuning.machine()
+    monkeypatch.setenv("COLLECTIVES_TUNING_TABLE", str(path))
+    tuning.reload()
+    try:
+        assert tuning.explain("all_reduce", 4096, 2) == (name, f"COLLECTIVES_TUNING_TABLE={path}")
+    finally:
+        monkeypatch.delenv("COLLECTIVES_TUNING_TABLE")
+        tuning.reload()
+
+
+def test_auto_choice_table_reads_auto_over_best():
+    from benchmarks import auto_choice
+    rows = [{"collective": "all_reduce", "world_size": 2, "size": 4096, "algorithm": a, "time_us": t,
+             "chosen": "ring" if a == "default" else None}
+            for a, t in (("ring", 10.0), ("tree", 8.0), ("default", 11.0), ("builtin", 1.0))]
+    text = auto_choice.table(rows, {(2, "all_reduce", 4096): "rules of thumb"})
+    assert "| all_reduce | 2 | 1.38 ** (ring; best tree) | 1.38 |" in text
+    assert "worst 1.38; 0/1 points within 1.10" in text and "rules of thumb" in text
