@@ -60,7 +60,7 @@ def measure_world(rank, n):
             for e in SMALL + ((LARGE,) if collective in BIG else ()):
                 with collectives.count_traffic() as t, collectives.trace() as messages:
                     s = call(collective, algorithm, n, rank, e)
-                sends = [(m.step, m.nbytes) for m in messages if m.kind == "send"]
+                sends = [(m.step, m.nbytes) for m in messages.messages if m.kind == "send"]
                 out[collective, algorithm, s] = (t.sent_messages, t.recv_messages, t.sent_bytes,
                                                  t.recv_bytes, sends)
     return out
