@@ -23,6 +23,7 @@ full run is ``COLLECTIVES_SOAK_OPS=1000``).
 """
 import os
 import random
+import re
 import time
 
 import torch
@@ -159,7 +160,18 @@ def _builtin(c, me):
         raise
 
 
-def _soak_world(rank, world_size, seed, ops):
+def _soak_world(rank, world_size, seed, ops, report_dir):
+    """Run the program; on a failure, leave its text in ``report_dir`` before raising: the
+    other ranks then fail too (their peer is gone), and the test reports the first call."""
+    try:
+        return _run_program(rank, seed, ops)
+    except BaseException as exc:
+        with open(os.path.join(report_dir, f"rank{rank}.txt"), "w") as f:
+            f.write(str(exc))
+        raise
+
+
+def _run_program(rank, seed, ops):
     groups = {m: dist.new_group(list(m)) for m in GROUPS}
     calls = program(seed, ops)
     pending, stats = [], dict(done=0, builtin=0, closed_only=0, lacking=set())
@@ -228,15 +240,19 @@ def test_program_covers_the_space():
     assert {(0,), (4099,)} <= seen("shape")
 
 
-def test_soak_random_collectives():
+def test_soak_random_collectives(tmp_path):
     print(f"soak seed={SEED} ops={OPS} (replay: COLLECTIVES_SOAK_SEED={SEED})")
     start = time.monotonic()
     try:
-        out = run_world(_soak_world, WORLD, SEED, OPS, timeout=240 + OPS * 0.5,
+        out = run_world(_soak_world, WORLD, SEED, OPS, str(tmp_path), timeout=240 + OPS * 0.5,
                         env={"COLLECTIVES_TIMEOUT": "30"})
-    except AssertionError as exc:
+    except (AssertionError, TimeoutError, RuntimeError) as exc:
+        reports = [p.read_text() for p in sorted(tmp_path.glob("rank*.txt"))]
+        first = min(reports, key=lambda t: int(m.group(1)) if (m := re.search(r"call #(\d+)", t))
+                    else 1 << 30, default=str(exc))
         raise AssertionError(f"soak failed with seed {SEED}; replay with "
                              f"COLLECTIVES_SOAK_SEED={SEED} python -m pytest tests/test_soak.py\n"
+                             f"first failing call: {first}\n\nas the world reported it:\n"
                              f"{exc}") from None
     calls = program(SEED, OPS)
     for r in range(WORLD):
