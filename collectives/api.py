@@ -102,6 +102,9 @@ class _Call:
     def check_root(self, name, root):
         if isinstance(root, bool) or not isinstance(root, int):
             raise TypeError(f"{self.where}: {name} must be an int (a global rank), got {type(root).__name__}")
+        world = dist.get_world_size() if isinstance(self.info.transport, dist.ProcessGroup) else None
+        if world is not None and not 0 <= root < world:
+            raise ValueError(f"{self.where}: {name}={root} is out of range for a world of {world} ranks")
         if root not in self.ranks:
             raise ValueError(f"{self.where}: {name}={root} is not a member of the group (ranks {self.ranks})")
         return self.ranks.index(root)

@@ -217,7 +217,7 @@ def explain_timeout(comm, exc):
     helper.start()
     helper.join(grace + 4.0)
     if not answers and (helper.is_alive() or failure):
-        return CollectiveTimeout(
+        return type(exc)(
             f"{exc} The rendezvous store did not answer either, so its host (usually rank 0, the "
             f"rank at MASTER_ADDR) is most likely the rank that stopped or died.", exc.peer, comm)
     others = {r: a for r, a in answers.items() if (a["seq"], a["call"]) != (comm.seq, comm.call)}
@@ -236,7 +236,8 @@ def explain_timeout(comm, exc):
         who = ", ".join(map(str, silent))
         via = (f" This rank was waiting on rank {exc.peer}, which is itself stuck waiting: it only "
                f"passed the silence on." if exc.peer not in silent and exc.peer is not None else "")
-        return CollectiveTimeout(
+        kind = CollectiveTimeout if isinstance(exc, CollectiveTimeout) else CollectiveError
+        return kind(
             f"collectives: rank{'s' if len(silent) > 1 else ''} {who} of the group {list(info.ranks)} "
             f"never answered in call #{comm.seq} {comm.call}: stopped (SIGSTOP, a debugger), dead, "
             f"or busy elsewhere (computing, or blocked in a call on another group).{via} ({exc})", silent[0], comm)
