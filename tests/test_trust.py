@@ -228,29 +228,44 @@ EXIT_WARNING = re.compile(r"collectives.*(unwaited|(not|never) (been )?waited|pe
                           r"outstanding|in flight|still running)", re.I)
 
 
-@pytest.mark.parametrize("mode, code", [("destroy", 3), ("exit", 0), ("exit", 3)])
-def test_exit_with_unwaited_async_work(tmp_path, mode, code):
-    script = tmp_path / "exit_with_work.py"
+EXIT_CASES = [("destroy", 3), ("exit", 0), ("exit", 3)]
+
+
+@pytest.fixture(scope="module")
+def exits(tmp_path_factory):
+    """Every case's two ranks started at once (each process imports torch: seconds apiece);
+    {case: [(returncode, stderr) per rank]}."""
+    script = tmp_path_factory.mktemp("exit") / "exit_with_work.py"
     script.write_text(EXIT_SCRIPT)
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2", COLLECTIVES_TIMEOUT="10", PYTHONPATH=ROOT)
-        env.pop("COLLECTIVES_DEBUG", None)
-        procs.append(subprocess.Popen([sys.executable, str(script), mode, str(code)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
+    procs = {}
+    for mode, code in EXIT_CASES:
+        port = free_port()
+        for rank in range(2):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                       WORLD_SIZE="2", COLLECTIVES_TIMEOUT="10", PYTHONPATH=ROOT)
+            env.pop("COLLECTIVES_DEBUG", None)
+            procs[(mode, code, rank)] = subprocess.Popen(
+                [sys.executable, str(script), mode, str(code)], env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = {}
+    deadline = time.monotonic() + 120
     try:
-        for p in procs:
-            _, err = p.communicate(timeout=90)
-            results.append((p.returncode, err))
+        for key, p in procs.items():
+            _, err = p.communicate(timeout=max(deadline - time.monotonic(), 1))
+            results.setdefault(key[:2], []).append((p.returncode, err))
     finally:
-        for p in procs:
+        for p in procs.values():
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    for rank, (rc, err) in enumerate(results):
+    return results
+
+
+@pytest.mark.parametrize("mode, code", EXIT_CASES)
+def test_exit_with_unwaited_async_work(exits, mode, code):
+    """Async work never waited for, then destroy_process_group() and sys.exit(code), or just
+    the end of the program: no SIGABRT, the program's own exit code, one warning."""
+    for rank, (rc, err) in enumerate(exits[(mode, code)]):
         tail = err[-2000:]
         assert rc != -signal.SIGABRT, f"rank {rank} aborted (SIGABRT):\n{tail}"
         assert rc == code, f"rank {rank} exited with {rc}, the program's own code is {code}:\n{tail}"
