@@ -13,6 +13,7 @@ for the built-in and back::
 from torch.distributed import ReduceOp
 
 from .algorithms import ALGORITHMS
+from . import backend as _backend
 from .api import (all_gather, all_reduce, all_to_all, barrier, broadcast, gather, reduce,
                   reduce_scatter, scatter)
 from .data_parallel import DataParallel
@@ -21,6 +22,8 @@ from .ddp_hook import ddp_comm_hook
 from .debug import DesyncError
 from .engine import Work
 from .p2p_communications import CollectiveError, CollectiveTimeout, count_traffic, trace
+
+_backend.register()  # dist.init_process_group("collectives") runs torch programs on our algorithms
 
 __all__ = [
     "ALGORITHMS", "ReduceOp", "Work", "CollectiveError", "CollectiveTimeout", "DesyncError",
