@@ -49,10 +49,6 @@ from .p2p_communications import Comm, timeout_seconds
 NAME = "collectives"
 ENV_ALGO = "COLLECTIVES_ALGO"
 
-# Tags of the pass-through send/recv carry this bit; the algorithms' messages use
-# tags below it (their step numbers), so a user's dist.send can never pair with
-# a message inside one of our collectives on the shared inner transport.
-_P2P_TAG_BIT = 1 << 30
 
 try:  # torch >= 2.2 has it; older torch cannot wrap a future into a Work
     from torch._C._distributed_c10d import _create_work_from_future
@@ -142,6 +138,9 @@ class CollectivesBackend(_C10dBackend):
         # A prefixed copy of the store, so the inner transport's keys never meet
         # the ones torch (or another backend on this group) writes.
         self._transport = ProcessGroupGloo(PrefixStore(f"{NAME}/", store), rank, size, timeout)
+        # The user's own send/recv get a transport of their own: tags are the only
+        # thing gloo pairs messages by, and the door's tags could equal a user's.
+        self._p2p_transport = ProcessGroupGloo(PrefixStore(f"{NAME}-p2p/", store), rank, size, timeout)
         self._lock = threading.Lock()
 
     # -- what torch asks about the backend -------------------------------------------------
@@ -480,38 +479,21 @@ class CollectivesBackend(_C10dBackend):
         return self._p2p("recv_anysource", tensors, None, tag)
 
     def _p2p(self, op, tensors, peer, tag):
-        """Post on the inner transport in issue order with our collectives; don't block the queue."""
+        """Post straight on the pass-through transport and hand back its own Work.
+
+        Not queued behind our collectives: a queued send could deadlock a program
+        that sends before a collective its peer enters first (gloo's isend does not
+        wait for the collectives issued before it).
+        """
         _check_tensors(op, tensors)
         if any(t.device.type != "cpu" for t in tensors):
             raise _unsupported(op, "point-to-point messages of CUDA tensors need an NCCL transport, "
                                    "which this backend does not create yet; send a CPU tensor")
-        if not 0 <= tag < _P2P_TAG_BIT:
-            raise _unsupported(op, f"tag={tag} is out of range: tags must be in [0, 2**30)")
-        future = torch.futures.Future()
-        transport, tag = self._transport, tag | _P2P_TAG_BIT
-
-        def post():
-            try:
-                if op == "send":
-                    work = transport.send(tensors, peer, tag)
-                elif op == "recv":
-                    work = transport.recv(tensors, peer, tag)
-                else:
-                    work = transport.recv_anysource(tensors, tag)
-            except BaseException as exc:
-                future.set_exception(exc)
-                return
-
-            def finish(_):
-                try:
-                    work.wait()
-                except BaseException as exc:
-                    future.set_exception(exc)
-                else:
-                    future.set_result(list(tensors))
-            work.get_future().add_done_callback(finish)
-        engine().submit(post, op, async_op=True)
-        return _create_work_from_future(future)
+        if op == "send":
+            return self._p2p_transport.send(tensors, peer, tag)
+        if op == "recv":
+            return self._p2p_transport.recv(tensors, peer, tag)
+        return self._p2p_transport.recv_anysource(tensors, tag)
 
 
 # -- helpers -------------------------------------------------------------------------------
