@@ -50,10 +50,7 @@ NAME = "collectives"
 ENV_ALGO = "COLLECTIVES_ALGO"
 
 
-try:  # torch >= 2.2 has it; older torch cannot wrap a future into a Work
-    from torch._C._distributed_c10d import _create_work_from_future
-except ImportError:  # pragma: no cover - floor is far above
-    _create_work_from_future = None
+from torch._C._distributed_c10d import Work as _C10dWork
 
 
 def parse_algorithms(text, where=ENV_ALGO):
@@ -83,6 +80,53 @@ def parse_algorithms(text, where=ENV_ALGO):
                              f"valid: {', '.join(ALGORITHMS[collective])}")
         chosen[collective] = algorithm
     return chosen
+
+
+class BackendWork(_C10dWork):
+    """torch's ``Work`` for one of our collectives: ``wait()`` raises its error.
+
+    torch's own ``_create_work_from_future`` would do for DDP (which reads the
+    future) but its ``wait()`` returns normally when the future holds an error,
+    so a timed-out ``dist.all_reduce`` would look like a success. torch calls
+    ``wait`` and ``get_future`` on a Python subclass (its C++ side forwards both).
+    """
+
+    def __init__(self, future, description):
+        super().__init__()
+        self._future, self._description = future, description
+        self._done = threading.Event()
+        future.add_done_callback(lambda _: self._done.set())
+
+    def wait(self, timeout=None):
+        """Block until done and raise its error; ``timeout`` (a timedelta or seconds) bounds the wait."""
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        if not self._done.wait(timeout if timeout and timeout > 0 else None):
+            raise TimeoutError(f"collectives backend: {self._description} did not finish within "
+                               f"{timeout:g} s (wait(timeout=...))")
+        self._future.wait()          # raises the collective's error, if any
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self.exception() is None
+
+    def exception(self):
+        if not self._done.is_set():
+            return None
+        try:
+            self._future.wait()
+        except Exception as exc:
+            return exc
+        return None
+
+    def result(self):
+        return self._future.wait()
 
 
 class UnsupportedOperation(RuntimeError):
@@ -160,6 +204,15 @@ class CollectivesBackend(_C10dBackend):
         return False
 
     @property
+    def options(self):
+        """torch's ``Backend.Options`` for this group. Defined here because torch's
+        own (2.15) asks the Python object for ``options`` and, finding only the
+        C++ property, calls itself until Python's recursion limit (split_group)."""
+        opts = _C10dBackend.Options(NAME, self._timeout)
+        opts.global_ranks_in_group = self._ranks
+        return opts
+
+    @property
     def transport(self):
         """The inner point-to-point group (a ``ProcessGroupGloo``); only its send/recv are used."""
         return self._transport
@@ -168,6 +221,23 @@ class CollectivesBackend(_C10dBackend):
     def ranks(self):
         """Global ranks of this group, in group-rank order."""
         return list(self._ranks)
+
+    def shutdown(self):
+        """Called by ``destroy_process_group``: finish what was issued, then close the transports.
+
+        Closing them here, in the caller's thread, matters: a gloo group that
+        outlives this point is destroyed at interpreter exit with its threads
+        still running, and the process aborts ("terminate called without an
+        active exception").
+        """
+        engine().drain()
+        self.abort()
+
+    def abort(self):
+        for transport in (self._transport, self._p2p_transport):
+            if transport is not None:
+                transport.shutdown()
+        self._transport = self._p2p_transport = None
 
     def split(self, store, ranks, opts):
         """A child backend for ``dist.split_group`` over the global ``ranks`` given."""
@@ -216,8 +286,9 @@ class CollectivesBackend(_C10dBackend):
                 future.set_exception(exc)
             else:
                 future.set_result(outputs)
-        engine().submit(run, f"{op}({algorithm})", async_op=True)
-        return _create_work_from_future(future)
+        description = f"{op}({algorithm})"
+        engine().submit(run, description, async_op=True)
+        return BackendWork(future, description)
 
     # -- the collectives -------------------------------------------------------------------
 
@@ -533,7 +604,7 @@ def _op(op, opts, tensors):
     try:
         return reduce_ops.resolve(red_op, dtype, f"collectives backend: {op}")
     except TypeError as exc:  # PREMUL_SUM and friends: torch builds them for NCCL only
-        raise _unsupported(op, f"{exc}") from None
+        raise UnsupportedOperation(str(exc)) from None
 
 
 def _most(tensors):
