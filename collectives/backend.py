@@ -15,11 +15,13 @@ registered with ``Backend.register_backend``) once per group with the group's
 store, rank and size. It returns a :class:`CollectivesBackend`, a Python
 subclass of torch's C++ ``Backend``; torch's ``ProcessGroup`` then calls its
 methods (``allreduce``, ``all_gather_single``, ...) for every collective on
-that group. Each method validates what our algorithms cannot do (naming the
-operation and the reason), queues the algorithm on our communication thread
-(``engine``), so collectives run in issue order, and returns a torch ``Work``
-wrapping a ``torch.futures.Future`` whose value is the list of output tensors,
-which is what DDP's reducer, comm hooks and FSDP2 read.
+that group. Each method checks what our algorithms cannot do (naming torch's
+operation and the reason) and calls our public API (:mod:`collectives.api`,
+:mod:`collectives.tensor_api`) with the group's :class:`~collectives.group.GroupInfo`,
+so validation, aliasing, staging, call tags and the group's engine lane are the
+ones every other caller gets. It returns a :class:`BackendWork` whose future's
+value is the list of output tensors, which is what DDP's reducer, comm hooks and
+FSDP2 read, and whose ``wait()`` raises the collective's error.
 
 The messages themselves travel over an inner point-to-point transport: a
 ``ProcessGroupGloo`` built from a prefixed copy of the group's store. Only its
@@ -41,10 +43,12 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _C10dBackend
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-from . import debug, reduce_ops, tuning
-from .algorithms import ALGORITHMS, REGISTRY
+from . import api, reduce_ops, tensor_api
+from .algorithms import ALGORITHMS
+from .algorithms.all_gather_ring import ring_all_gather
 from .engine import engine
-from .p2p_communications import Comm, timeout_seconds
+from .group import GroupInfo
+from .p2p_communications import Comm
 
 NAME = "collectives"
 ENV_ALGO = "COLLECTIVES_ALGO"
@@ -137,32 +141,6 @@ def _unsupported(op, reason):
     return UnsupportedOperation(f"collectives backend: {op}: {reason}")
 
 
-class _Staged:
-    """A flat, contiguous CPU stand-in for a tensor; ``done()`` writes it back.
-
-    A contiguous CPU tensor is its own flat view (no copy); a non-contiguous
-    one is copied into a buffer, a CUDA one into host memory (gloo sends host
-    memory only).
-    """
-
-    def __init__(self, t, copy_in=True):
-        self.t = t
-        src = t.detach()
-        if src.device.type == "cpu" and src.is_contiguous():
-            self.flat, self.copied = src.view(-1), False
-            return
-        if copy_in:
-            buf = src.to("cpu", memory_format=torch.contiguous_format).contiguous()
-        else:
-            buf = torch.empty(src.shape, dtype=src.dtype)
-        self.flat, self.copied = buf.view(-1), True
-
-    def done(self):
-        if self.copied:
-            with torch.no_grad():
-                self.t.copy_(self.flat.view(self.t.shape))
-
-
 class CollectivesBackend(_C10dBackend):
     """torch's ``Backend`` interface, answered by our algorithms.
 
@@ -185,7 +163,7 @@ class CollectivesBackend(_C10dBackend):
         # The user's own send/recv get a transport of their own: tags are the only
         # thing gloo pairs messages by, and the door's tags could equal a user's.
         self._p2p_transport = ProcessGroupGloo(PrefixStore(f"{NAME}-p2p/", store), rank, size, timeout)
-        self._lock = threading.Lock()
+        self._info = GroupInfo(self._transport, tuple(self._ranks), rank, "gloo", f"pg:{group_name}", store)
 
     # -- what torch asks about the backend -------------------------------------------------
 
@@ -249,48 +227,53 @@ class CollectivesBackend(_C10dBackend):
 
     # -- running one collective ------------------------------------------------------------
 
-    def algorithm(self, collective, nbytes):
-        """The algorithm this backend runs for ``collective`` on ``nbytes``."""
-        return self._algorithms.get(collective) or tuning.choose(collective, nbytes, self._size)
+    @property
+    def group_info(self):
+        """This group as our API sees it: the inner transport, global ranks, the engine key.
 
-    def _comm(self, collective, algorithm, opts):
-        comm = Comm(self._transport, collective, algorithm, self._ranks, "gloo", self._me)
-        limit = _timeout_of(opts, self._timeout)
-        if limit is not None and not os.environ.get("COLLECTIVES_TIMEOUT"):
-            comm.timeout = limit.total_seconds()
-            comm.wait_limit = limit
-        return comm
-
-    def _launch(self, op, collective, nbytes, body, outputs, opts, fingerprint=None):
-        """Queue ``body(comm)`` on the communication thread; return a torch Work.
-
-        The Work's future holds ``outputs`` (a list of tensors) once the
-        collective is done, or its error.
+        The key is the torch group's (``pg:<name>``), so torch's calls on this
+        group and ``collectives.*(group=...)`` calls on it share one engine lane
+        and run in the order they were issued.
         """
-        future = torch.futures.Future()
-        algorithm = self.algorithm(collective, nbytes) if collective else "pass-through"
-        # read now, in the caller's thread, so a bad value raises where the call was made
-        timeout_seconds()
-        debug_on = debug.enabled()
+        return self._info
 
-        def run():
+    def _choice(self, collective):
+        """``algorithm=`` for our API: COLLECTIVES_ALGO's pick, or None (the automatic choice)."""
+        return self._algorithms.get(collective)
+
+    def _wrap(self, op, works, outputs):
+        """One torch Work for the API handles ``works``; its future's value is ``outputs``.
+
+        Completed by hand rather than with ``Future.then``, which would wrap a
+        collective's error (a CollectiveTimeout, say) in a RuntimeError carrying
+        a traceback: whoever waits gets the error itself.
+        """
+        futures = [w.get_future() for w in works if w is not None]
+        done = torch.futures.Future()
+        left = [len(futures)]
+        lock = threading.Lock()
+
+        def finished(fut):
             try:
-                if self._size == 1 or collective is None:
-                    body(None)
-                else:
-                    comm = self._comm(collective, algorithm, opts)
-                    if debug_on:
-                        debug.check_agreement(comm, dict(fingerprint or {}, op=op))
-                    body(comm)
-            except BaseException as exc:  # the future carries it to whoever waits
-                future.set_exception(exc)
-            else:
-                future.set_result(outputs)
-        description = f"{op}({algorithm})"
-        engine().submit(run, description, async_op=True)
-        return BackendWork(future, description)
+                fut.value()
+            except Exception as exc:
+                with lock:
+                    first, left[0] = left[0] > 0, 0
+                if first:
+                    done.set_exception(exc)
+                return
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done.set_result(outputs)
+        if not futures:
+            done.set_result(outputs)
+        for fut in futures:
+            fut.add_done_callback(finished)
+        return BackendWork(done, op)
 
-    # -- the collectives -------------------------------------------------------------------
+    # -- the collectives (each one a call of our public API on the inner transport) ------
 
     def allreduce(self, tensors, opts=None):
         return self._allreduce("allreduce", tensors, opts)
@@ -300,83 +283,74 @@ class CollectivesBackend(_C10dBackend):
 
     def _allreduce(self, op, tensors, opts):
         _check_tensors(op, tensors)
-        red = _op(op, opts, tensors)
-        nbytes = max(t.nbytes for t in tensors) if tensors else 0
-        algo = self.algorithm("all_reduce", nbytes)
-
-        def body(comm):
-            if comm is None:
-                return
-            for t in tensors:
-                buf = _Staged(t)
-                REGISTRY["all_reduce"][algo](comm, buf.flat, red)
-                if red.average:
-                    buf.flat.div_(comm.size)
-                buf.done()
-        return self._launch(op, "all_reduce", nbytes, body, list(tensors), opts,
-                            dict(op_name=red.name, shapes=[list(t.shape) for t in tensors]))
+        red_op = _op(op, opts, tensors)
+        return self._wrap(op, [api.all_reduce(t, red_op, self._info, True, self._choice("all_reduce"))
+                               for t in tensors], list(tensors))
 
     def broadcast(self, tensors, opts=None):
-        op = "broadcast"
-        _check_tensors(op, tensors)
-        root = opts.rootRank
-
-        def body(comm):
-            if comm is None:
-                return
-            for t in tensors:
-                buf = _Staged(t)
-                REGISTRY["broadcast"][self.algorithm("broadcast", t.nbytes)](comm, buf.flat, root)
-                buf.done()
-        return self._launch(op, "broadcast", _most(tensors), body, list(tensors), opts,
-                            dict(root=root, shapes=[list(t.shape) for t in tensors]))
+        _check_tensors("broadcast", tensors)
+        src = self._ranks[opts.rootRank]
+        return self._wrap("broadcast", [api.broadcast(t, src, self._info, True, self._choice("broadcast"))
+                                        for t in tensors], list(tensors))
 
     def reduce(self, tensors, opts=None):
-        op = "reduce"
-        _check_tensors(op, tensors)
-        red = _op(op, opts, tensors)
-        root = opts.rootRank
-
-        def body(comm):
-            if comm is None:
-                return
-            for t in tensors:
-                buf = _Staged(t)
-                REGISTRY["reduce"][self.algorithm("reduce", t.nbytes)](comm, buf.flat, root, red)
-                if comm.rank == root:
-                    if red.average:
-                        buf.flat.div_(comm.size)
-                    buf.done()
-        return self._launch(op, "reduce", _most(tensors), body, list(tensors), opts,
-                            dict(root=root, op_name=red.name))
+        _check_tensors("reduce", tensors)
+        red_op = _op("reduce", opts, tensors)
+        dst = self._ranks[opts.rootRank]
+        return self._wrap("reduce", [api.reduce(t, dst, red_op, self._info, True, self._choice("reduce"))
+                                     for t in tensors], list(tensors))
 
     def allgather(self, output_lists, inputs, opts=None):
-        return self._allgather("allgather", output_lists, inputs, opts)
+        return self._allgather("allgather", output_lists, inputs)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        return self._allgather("allgather_coalesced", output_lists, inputs, opts)
+        return self._allgather("allgather_coalesced", output_lists, inputs)
 
-    def _allgather(self, op, output_lists, inputs, opts):
+    def _allgather(self, op, output_lists, inputs):
         _check_tensors(op, inputs)
         if len(output_lists) != len(inputs):
             raise _unsupported(op, f"got {len(output_lists)} output lists for {len(inputs)} inputs")
+        works = []
         for outs, t in zip(output_lists, inputs):
             _check_list(op, "output_tensor_list", outs, self._size, t.dtype)
-        return self._gather_all(op, [list(o) for o in output_lists], list(inputs), opts,
-                                [t for outs in output_lists for t in outs])
+            if any(o.shape != t.shape for o in outs):   # uneven: per-rank sizes differ
+                works.append(self._uneven_all_gather(list(outs), t))
+            else:
+                works.append(api.all_gather(list(outs), t, self._info, True, self._choice("all_gather")))
+        return self._wrap(op, works, [o for outs in output_lists for o in outs])
+
+    def _uneven_all_gather(self, outs, t):
+        """all_gather where rank i contributes ``outs[i].numel()`` elements (torch allows it).
+
+        Our API's all_gather asks for equal shapes, so this one call drives the
+        ring algorithm itself, which moves each rank's piece at its own size.
+        """
+        me = self._rank
+        if outs[me].numel() != t.numel():
+            raise _unsupported("allgather", f"output_tensor_list[{me}] has {outs[me].numel()} elements "
+                                            f"but this rank's input has {t.numel()}")
+        if any(o.device.type != "cpu" or not o.is_contiguous() for o in outs + [t]):
+            raise _unsupported("allgather", "tensors of different sizes per rank must be contiguous "
+                                            "CPU tensors")
+        info, fields = self._info, {"sizes": [o.numel() for o in outs], "dtype": t.dtype}
+        call = f"all_gather(uneven, sizes={fields['sizes']}, dtype={t.dtype}, algorithm=ring)"
+
+        def execute(seq):
+            outs[me].copy_(t.reshape(outs[me].shape))
+            if self._size > 1:
+                comm = Comm(info, "all_gather", "ring", seq, call)
+                ring_all_gather(comm, [o.view(-1) for o in outs])
+            return outs
+        return engine().submit(execute, "all_gather(ring, uneven)", True, info.key)
 
     def all_gather_single(self, output, input, opts=None):
         return self.all_gather_single_coalesced([output], [input], opts, op="all_gather_single")
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None, op="all_gather_single_coalesced"):
         _check_tensors(op, list(outputs) + list(inputs))
-        lists = []
-        for out, t in zip(outputs, inputs):
-            if out.numel() != t.numel() * self._size or out.dtype != t.dtype:
-                raise _unsupported(op, f"output has {out.numel()} elements of {out.dtype}; it must hold "
-                                       f"group size ({self._size}) x input ({t.numel()} of {t.dtype})")
-            lists.append(_chunks(out, [t.numel()] * self._size))
-        return self._gather_all(op, lists, list(inputs), opts, list(outputs))
+        return self._wrap(op, [_as_unsupported(op, tensor_api.all_gather_into_tensor, out, t, self._info, True,
+                                               self._choice("all_gather"))
+                               for out, t in zip(outputs, inputs)], list(outputs))
 
     # torch 2.11 and earlier call these names; 2.15 calls the ones above
     def _allgather_base(self, output, input, opts=None):
@@ -385,74 +359,31 @@ class CollectivesBackend(_C10dBackend):
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self.all_gather_single_coalesced(outputs, inputs, opts, op="allgather_into_tensor_coalesced")
 
-    def _gather_all(self, op, output_lists, inputs, opts, result):
-        nbytes = max((t.nbytes * self._size for t in inputs), default=0)
-
-        def body(comm):
-            for outs, t in zip(output_lists, inputs):
-                if comm is None:
-                    _copy_into(outs[0], t)
-                    continue
-                inp = _Staged(t)
-                staged = [_Staged(o, copy_in=False) for o in outs]
-                algo = self.algorithm("all_gather", t.nbytes * comm.size)
-                REGISTRY["all_gather"][algo](comm, [s.flat for s in staged], inp.flat)
-                for s in staged:
-                    s.done()
-        return self._launch(op, "all_gather", nbytes, body, result, opts,
-                            dict(sizes=[[o.numel() for o in outs] for outs in output_lists]))
-
     def gather(self, output_lists, inputs, opts=None):
-        op = "gather"
-        _check_tensors(op, inputs)
+        _check_tensors("gather", inputs)
         if len(inputs) != 1:
-            raise _unsupported(op, f"takes one input tensor per call, got {len(inputs)}")
-        root, t = opts.rootRank, inputs[0]
+            raise _unsupported("gather", f"takes one input tensor per call, got {len(inputs)}")
+        root = opts.rootRank
         outs = list(output_lists[0]) if self._rank == root else None
-        if outs is not None:
-            _check_list(op, "gather_list", outs, self._size, t.dtype)
-
-        def body(comm):
-            if comm is None:
-                _copy_into(outs[0], t)
-                return
-            inp = _Staged(t)
-            staged = [_Staged(o, copy_in=False) for o in outs] if outs is not None else None
-            algo = self.algorithm("gather", t.nbytes * comm.size)
-            REGISTRY["gather"][algo](comm, inp.flat, [s.flat for s in staged] if staged else None, root)
-            for s in staged or ():
-                s.done()
-        return self._launch(op, "gather", t.nbytes * self._size, body, outs or [], opts,
-                            dict(root=root, numel=t.numel()))
+        work = api.gather(inputs[0], outs, self._ranks[root], self._info, True, self._choice("gather"))
+        return self._wrap("gather", [work], outs or [])
 
     def scatter(self, outputs, input_lists, opts=None):
-        op = "scatter"
-        _check_tensors(op, outputs)
+        _check_tensors("scatter", outputs)
         if len(outputs) != 1:
-            raise _unsupported(op, f"takes one output tensor per call, got {len(outputs)}")
-        root, t = opts.rootRank, outputs[0]
+            raise _unsupported("scatter", f"takes one output tensor per call, got {len(outputs)}")
+        root = opts.rootRank
         pieces = list(input_lists[0]) if self._rank == root else None
-        if pieces is not None:
-            _check_list(op, "scatter_list", pieces, self._size, t.dtype)
-
-        def body(comm):
-            if comm is None:
-                _copy_into(t, pieces[0])
-                return
-            out = _Staged(t, copy_in=False)
-            ins = [_Staged(p).flat for p in pieces] if pieces is not None else None
-            algo = self.algorithm("scatter", t.nbytes * comm.size)
-            REGISTRY["scatter"][algo](comm, out.flat, ins, root)
-            out.done()
-        return self._launch(op, "scatter", t.nbytes * self._size, body, [t], opts,
-                            dict(root=root, numel=t.numel()))
+        work = api.scatter(outputs[0], pieces, self._ranks[root], self._info, True, self._choice("scatter"))
+        return self._wrap("scatter", [work], list(outputs))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        op = "reduce_scatter"
-        _check_tensors(op, outputs)
-        for ins, out in zip(input_lists, outputs):
-            _check_list(op, "input_list", ins, self._size, out.dtype)
-        return self._scatter_reduced(op, list(outputs), [list(i) for i in input_lists], opts)
+        _check_tensors("reduce_scatter", outputs)
+        red_op = _op("reduce_scatter", opts, outputs)
+        return self._wrap("reduce_scatter",
+                          [api.reduce_scatter(out, list(ins), red_op, self._info, True,
+                                              self._choice("reduce_scatter"))
+                           for out, ins in zip(outputs, input_lists)], list(outputs))
 
     def reduce_scatter_single(self, output, input, opts=None):
         return self.reduce_scatter_single_coalesced([output], [input], opts, op="reduce_scatter_single")
@@ -460,13 +391,10 @@ class CollectivesBackend(_C10dBackend):
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None,
                                         op="reduce_scatter_single_coalesced"):
         _check_tensors(op, list(outputs) + list(inputs))
-        lists = []
-        for out, t in zip(outputs, inputs):
-            if t.numel() != out.numel() * self._size or out.dtype != t.dtype:
-                raise _unsupported(op, f"input has {t.numel()} elements of {t.dtype}; it must hold "
-                                       f"group size ({self._size}) x output ({out.numel()} of {out.dtype})")
-            lists.append(_chunks(t, [out.numel()] * self._size))
-        return self._scatter_reduced(op, list(outputs), lists, opts)
+        red_op = _op(op, opts, outputs)
+        return self._wrap(op, [_as_unsupported(op, tensor_api.reduce_scatter_tensor, out, t, red_op, self._info,
+                                               True, self._choice("reduce_scatter"))
+                               for out, t in zip(outputs, inputs)], list(outputs))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self.reduce_scatter_single_coalesced([output], [input], opts, op="_reduce_scatter_base")
@@ -474,68 +402,27 @@ class CollectivesBackend(_C10dBackend):
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         return self.reduce_scatter_single_coalesced(outputs, inputs, opts, op="reduce_scatter_tensor_coalesced")
 
-    def _scatter_reduced(self, op, outputs, input_lists, opts):
-        red = _op(op, opts, outputs)
-        nbytes = max((t.nbytes * self._size for t in outputs), default=0)
-
-        def body(comm):
-            for out, ins in zip(outputs, input_lists):
-                if comm is None:
-                    _copy_into(out, ins[0])
-                    continue
-                o = _Staged(out, copy_in=False)
-                flats = [_Staged(i).flat for i in ins]
-                algo = self.algorithm("reduce_scatter", out.nbytes * comm.size)
-                REGISTRY["reduce_scatter"][algo](comm, o.flat, flats, red)
-                if red.average:
-                    o.flat.div_(comm.size)
-                o.done()
-        return self._launch(op, "reduce_scatter", nbytes, body, outputs, opts,
-                            dict(op_name=red.name, numel=[o.numel() for o in outputs]))
-
     def alltoall(self, outputs, inputs, opts=None):
-        op = "alltoall"
-        _check_tensors(op, list(outputs) + list(inputs))
-        _check_list(op, "input_tensor_list", inputs, self._size, inputs[0].dtype if inputs else None)
-        _check_list(op, "output_tensor_list", outputs, self._size, inputs[0].dtype if inputs else None)
-        return self._exchange_all(op, list(outputs), list(inputs), opts, list(outputs))
+        _check_tensors("alltoall", list(outputs) + list(inputs))
+        work = api.all_to_all(list(outputs), list(inputs), self._info, True, self._choice("all_to_all"))
+        return self._wrap("alltoall", [work], list(outputs))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None,
                           op="all_to_all_single"):
         _check_tensors(op, [output, input])
-        if output.dtype != input.dtype:
-            raise _unsupported(op, f"output is {output.dtype} but input is {input.dtype}")
-        outs = _split_rows(op, "output", output, output_split_sizes, self._size)
-        ins = _split_rows(op, "input", input, input_split_sizes, self._size)
-        return self._exchange_all(op, outs, ins, opts, [output])
+        work = _as_unsupported(op, tensor_api.all_to_all_single, output, input, list(output_split_sizes),
+                               list(input_split_sizes), self._info, True, self._choice("all_to_all"))
+        return self._wrap(op, [work], [output])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts,
                                       op="alltoall_base")
 
-    def _exchange_all(self, op, outs, ins, opts, result):
-        nbytes = sum(t.nbytes for t in ins)
-
-        def body(comm):
-            if comm is None:
-                _copy_into(outs[0], ins[0])
-                return
-            staged = [_Staged(o, copy_in=False) for o in outs]
-            flats = [_Staged(i).flat for i in ins]
-            REGISTRY["all_to_all"][self.algorithm("all_to_all", nbytes)](comm, [s.flat for s in staged], flats)
-            for s in staged:
-                s.done()
-        return self._launch(op, "all_to_all", nbytes, body, result, opts,
-                            dict(sends=[t.numel() for t in ins], recvs=[t.numel() for t in outs]))
-
     def barrier(self, opts=None):
-        def body(comm):
-            if comm is not None:
-                REGISTRY["barrier"][self.algorithm("barrier", 0)](comm)
-        return self._launch("barrier", "barrier", 0, body, [], opts)
+        return self._wrap("barrier", [api.barrier(self._info, True, self._choice("barrier"))], [])
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
-        """Our dissemination barrier, bounded by ``opts.timeout``; raises naming the late peer."""
+        """Our dissemination barrier; a rank that never arrives raises CollectiveTimeout naming it."""
         self.barrier(opts).wait()
 
     # -- point to point: passed through to the inner transport -----------------------------
@@ -569,11 +456,12 @@ class CollectivesBackend(_C10dBackend):
 
 # -- helpers -------------------------------------------------------------------------------
 
-def _timeout_of(opts, default):
-    limit = getattr(opts, "timeout", None)
-    if isinstance(limit, datetime.timedelta) and limit.total_seconds() > 0:
-        return limit
-    return default if isinstance(default, datetime.timedelta) and default.total_seconds() > 0 else None
+def _as_unsupported(op, fn, *args):
+    """Call a tensor-form function; its size/contiguity errors name torch's operation."""
+    try:
+        return fn(*args)
+    except ValueError as exc:
+        raise UnsupportedOperation(f"collectives backend: {op}: {exc}") from None
 
 
 def _check_tensors(op, tensors):
@@ -601,44 +489,10 @@ def _check_list(op, name, tensors, size, dtype):
 def _op(op, opts, tensors):
     red_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
     dtype = tensors[0].dtype if tensors else torch.float32
-    try:
-        return reduce_ops.resolve(red_op, dtype, f"collectives backend: {op}")
+    try:  # checked here so the error names torch's operation; our API takes the op itself
+        return reduce_ops.resolve(red_op, dtype, f"collectives backend: {op}").op
     except TypeError as exc:  # PREMUL_SUM and friends: torch builds them for NCCL only
         raise UnsupportedOperation(str(exc)) from None
-
-
-def _most(tensors):
-    return max((t.nbytes for t in tensors), default=0)
-
-
-def _chunks(t, numels):
-    """Views of consecutive pieces of ``t`` (flattened), one per rank: no copy when contiguous."""
-    if not t.is_contiguous():
-        raise _unsupported("tensor form", "the single tensor must be contiguous (torch requires it too)")
-    return list(t.view(-1).split(numels))
-
-
-def _split_rows(op, name, t, splits, size):
-    """``t`` cut along dim 0 into ``size`` pieces of ``splits`` rows (equal if empty), as views."""
-    if not t.is_contiguous():
-        raise _unsupported(op, f"{name} must be contiguous")
-    rows = t.shape[0] if t.dim() else 1
-    if not splits:
-        if rows % size:
-            raise _unsupported(op, f"{name} has {rows} rows, not divisible by the group size {size}; "
-                                   f"pass split sizes")
-        splits = [rows // size] * size
-    splits = list(splits)
-    if len(splits) != size or sum(splits) != rows or min(splits) < 0:
-        raise _unsupported(op, f"{name}_split_sizes={splits} must be {size} non-negative numbers "
-                               f"summing to {name}'s {rows} rows")
-    row = t.numel() // rows if rows else 0
-    return list(t.reshape(-1).split([s * row for s in splits]))
-
-
-def _copy_into(dst, src):
-    with torch.no_grad():
-        dst.copy_(src.reshape(dst.shape))
 
 
 def _create(dist_backend_opts, backend_options=None):

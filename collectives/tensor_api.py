@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from . import api
+from .group import resolve
 
 
 def _where(name):
@@ -47,12 +48,9 @@ def _pieces(name, what, t, n, shape_of_piece):
 
 
 def _group_size(name, group):
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(f"{_where(name)}: the default process group is not initialised; "
-                         f"call torch.distributed.init_process_group(...) first")
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        return None
-    return dist.get_world_size(group)
+    """The group's size, or None on a rank outside it (which returns at once, as torch's do)."""
+    info = resolve(group, _where(name))
+    return info.size if info.member else None
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, algorithm=None):
