@@ -152,7 +152,7 @@ def test_cpu_when_asked_or_when_no_gpu(monkeypatch):
 def test_resume_on_a_gpu_rank_restores_the_cpu_rng(tmp_path):
     # "meta" stands in for CUDA: any device other than the CPU gave
     # "RNG state must be a torch.ByteTensor" when the checkpoint was mapped onto it.
-    args = train.parse_args(["--out", str(tmp_path)])
+    args = train.parse_args(["--out", str(tmp_path), "--resume"])
     torch.manual_seed(1)
     states = [torch.get_rng_state(), torch.manual_seed(2).get_state()]
     random.seed(3)
