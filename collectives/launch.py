@@ -6,8 +6,9 @@ Every rank reads its place in the job from the environment torchrun defines
 otherwise :func:`start` starts the processes and sets them. One implementation
 serves every caller:
 
-* :func:`start` starts ``world_size`` local processes on a free port (or a
-  valid ``MASTER_PORT``), calls ``fn(*args)`` in each and returns what each
+* :func:`start` starts ``world_size`` local processes around a store it
+  hosts on a free port (or a valid ``MASTER_PORT``), as torchrun's agent does,
+  calls ``fn(*args)`` in each and returns what each
   returned. When a rank raises or dies, the others are stopped (SIGTERM, then
   SIGKILL) and :class:`WorldError` names the rank that caused it, with its
   traceback, once. A hard ``timeout`` kills every process instead of hanging.
@@ -293,13 +294,17 @@ def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", p
     """
     expect_exit = dict(expect_exit or {})
     addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    port = 0
     if os.environ.get("MASTER_PORT"):
         port = master_port(os.environ["MASTER_PORT"])
         check_port(addr, port)
-    else:
-        port = free_port(addr)
+    # The launcher hosts the job's store, as torchrun's agent does: the port is bound here
+    # once and held, so no other program can take it between choosing it and rank 0 binding
+    # it (a free port picked and released raced with parallel test runs).
+    store = dist.TCPStore(addr, port, is_master=True, wait_for_workers=False)
     env = {**(env or {}), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-           "GROUP_RANK": "0", "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+           "GROUP_RANK": "0", "MASTER_ADDR": addr, "MASTER_PORT": str(store.port),
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(list(preload))
@@ -362,6 +367,7 @@ def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", p
             raise WorldError(text, cause, errors)
     finally:
         _stop(procs)
+        del store
     return [out.get(r) for r in range(world_size)]
 
 
