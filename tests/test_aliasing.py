@@ -193,7 +193,7 @@ def _aliasing_world(rank, n):
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _world(n):
     return run_world(_aliasing_world, n, timeout=300, env={"COLLECTIVES_TIMEOUT": "10"})
 

@@ -82,5 +82,8 @@ def test_demo_prints_what_the_chapter_shows(produced, chapter, command, shown):
         # The chapter shows the CPU run; on a GPU machine the NCCL lines are extra.
         assert out.startswith(shown.splitlines()[0])
         return
+    # Where this torch lacks a gloo built-in (2.11: all_to_all), chapter 3's demo says so and
+    # shows ours alone; the chapter shows the newest torch's comparison.
+    out = re.sub(r"   \(torch [\w.]+'s gloo has no \w+: ours alone\)\n", "   same as torch: True\n", out)
     assert out == shown, (f"{chapter}: output of {command!r} differs from the chapter "
                           f"(python -m tutorials.sync --outputs rewrites it)")
