@@ -106,8 +106,8 @@ def compare(pairs):
             lines.append(f"{what}: expected {show(expected, at)}")
             lines.append(f"{' ' * len(what)}  received {show(received, at)}")
             if before and expected.numel() and torch.equal(received, before[0]):
-                lines.append(f"{' ' * len(what)}  (unchanged: the result must be written into the tensor "
-                             f"passed in, e.g. tensor.copy_(result) or tensor += ..., not tensor = ...)")
+                lines.append("(unchanged: the result must be written into the tensor "
+                             "passed in, e.g. tensor.copy_(result) or tensor += ..., not tensor = ...)")
     if wrong > 2:
         lines.append(f"(and {wrong - 2} more wrong)")
     return {"ok": ok, "lines": lines}

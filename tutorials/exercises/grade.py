@@ -331,17 +331,25 @@ def _crash_text(name, world, check, cases, shown_path, source):
     return text
 
 
+UNCHANGED = "(unchanged:"
+
+
 def _wrong_text(name, world, check, cases, index):
     reports = world.cases[index]
     lines = [f"FAIL {name}: wrong result with {_world(world.n)}, "
              f"{_case_words(check, cases[index], world.n)} (case {index + 1} of {len(cases)})."]
+    shown = {r: reports[r][0]["lines"] or [""] for r in range(world.n)}
+    wrong = [r for r in shown if not reports[r][0]["ok"]]
+    if not all(any(line.startswith(UNCHANGED) for line in shown[r]) for r in wrong):
+        # Only some ranks kept their input: likely a coincidence, not a result that was never written.
+        shown = {r: [line for line in lines if not line.startswith(UNCHANGED)] for r, lines in shown.items()}
     groups = {}   # ranks that show exactly the same lines are shown once
     for r in range(world.n):
-        groups.setdefault(tuple(reports[r][0]["lines"] or [""]), []).append(r)
-    for shown, ranks in sorted(groups.items(), key=lambda item: item[1][0]):
+        groups.setdefault(tuple(shown[r]), []).append(r)
+    for text, ranks in sorted(groups.items(), key=lambda item: item[1][0]):
         head = f"  {_ranks(ranks)}: "
-        lines.append(head + shown[0])
-        lines += [" " * len(head) + line for line in shown[1:]]
+        lines.append(head + text[0])
+        lines += [" " * len(head) + line for line in text[1:]]
     return "\n".join(lines)
 
 
