@@ -65,12 +65,19 @@ def _is_message(r):
     return isinstance(r, Message) or (hasattr(r, "kind") and hasattr(r, "src") and hasattr(r, "dst"))
 
 
+def messages_only(records):
+    """The :class:`Message` records among ``records`` (a trace also holds ``Call`` records)."""
+    return [r for r in records if _is_message(r)]
+
+
 def pair_messages(messages):
     """Match each send with its receive: list of (send, recv) records, in send order.
 
     Records match on (collective, algorithm, step, src, dst, nbytes); repeated
-    keys (the same collective twice) pair up in order of start time.
+    keys (the same collective twice) pair up in order of start time. Records
+    other than messages are ignored.
     """
+    messages = messages_only(messages)
     recvs = {}
     for m in sorted(messages, key=lambda m: m.start):
         if m.kind == "recv":
@@ -90,7 +97,7 @@ def derive_calls(messages):
     Returns a list of dicts: collective, algorithm, start, end, messages (the records).
     """
     calls = []
-    for m in sorted(messages, key=lambda m: m.start):
+    for m in sorted(messages_only(messages), key=lambda m: m.start):
         cur = calls[-1] if calls else None
         key = (m.kind, m.dst if m.kind == "send" else m.src, m.step)
         # Not "the step fell back": algorithms post some receives of later steps early.

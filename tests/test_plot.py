@@ -117,3 +117,18 @@ def test_timeline_draws_a_perfetto_trace_file_the_same_way(tmp_path):
     assert labels.count("backward") == 4
     assert ax.get_xlim()[0] <= 0.0 and ax.get_xlim()[1] >= 7.0   # spans start 1 ms before the first message
     plt.close(ax.figure)
+
+
+def test_call_records_in_a_trace_are_drawn_or_ignored():
+    """trace() also yields Call records: every function takes the mixed list."""
+    from collectives.p2p_communications import Call
+    messages = ring_messages(4)
+    mixed = messages + [Call("all_reduce", "ring", 0, (0, 1, 2, 3), r, 64, 0.0, 6e-3) for r in range(4)]
+    _, states = plot.ring_ownership(mixed)
+    assert states == plot.ring_ownership(messages)[1]
+    assert len(plot.pair_messages(mixed)) == 24 and plot.ranks_of(mixed) == [0, 1, 2, 3]
+    ax = plot.bytes_per_rank({"ring": mixed})
+    assert sorted(round(b.get_height()) for b in ax.patches) == [6 * 16] * 4
+    ax = plot.timeline(mixed)
+    assert len([c for c in ax.texts if getattr(c, "arrow_patch", None) is not None]) == 24
+    plt.close("all")
