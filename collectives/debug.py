@@ -36,7 +36,7 @@ algorithm's place).
 Cost: off (the default) it is one environment lookup per call. On, each call
 adds one round in which every rank sends a 1 KiB (plus 16 bytes per rank)
 message to every other rank: N(N-1) small messages, a latency the benchmark
-(``python -m collectives.bench --debug``) measures.
+(``python -m benchmarks.desync_cost --debug``) measures.
 """
 import hashlib
 import json

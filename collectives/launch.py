@@ -1,31 +1,65 @@
-"""Start the ranks of a job: N local processes, or the ones ``torchrun`` already started.
+"""Start a world of processes: the one launcher for training, demos, tests and benchmarks.
 
-One training function serves every launcher. It reads its place in the job
-from the environment torchrun defines (``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``):
+Every rank reads its place in the job from the environment torchrun defines
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``). Under ``torchrun`` those are already set;
+otherwise :func:`start` starts the processes and sets them. One implementation
+serves every caller:
 
-* under ``torchrun`` (one node or many) those variables are already set, and
-  :func:`launch` just calls the function in this process;
-* otherwise :func:`launch` spawns ``world_size`` processes with
-  ``torch.multiprocessing`` and sets them, picking a free port unless
-  ``MASTER_PORT`` is given.
+* :func:`start` starts ``world_size`` local processes around a store it
+  hosts on a free port (or a valid ``MASTER_PORT``), as torchrun's agent does,
+  calls ``fn(*args)`` in each and returns what each
+  returned. When a rank raises or dies, the others are stopped (SIGTERM, then
+  SIGKILL) and :class:`WorldError` names the rank that caused it, with its
+  traceback, once. A hard ``timeout`` kills every process instead of hanging.
+  Workers die with the launcher (``PR_SET_PDEATHSIG``), so none is orphaned.
+* :func:`launch`: the command-line form (training, benchmarks): under torchrun
+  it calls ``fn`` in this process; otherwise :func:`start`, the failure report
+  on stderr, and an exit code.
+* :func:`run_in_group`: :func:`start` with each rank already in a process group,
+  calling ``fn(rank, world_size, *args)``: what demos and tests use.
+* :func:`init_process_group`: inside a rank, join the job and pick the backend
+  and device from every rank's host and GPU count (``--backend auto``).
 
-When one spawned worker raises or dies, the others are stopped (SIGTERM, then
-SIGKILL), the failing rank and its traceback are printed, and the launcher
-returns a non-zero exit code. Workers also get SIGINT if the launcher itself
-dies, so no process is left behind.
+Example::
+
+    >>> run_in_group(hello, 2)   # hello(rank, world_size) returns f"rank {rank}"
+    ['rank 0', 'rank 1']
 """
 import contextlib
+import ctypes
+import json
 import os
-import pickle
+import queue
 import signal
 import socket
 import sys
+import time
+import traceback
+from collections import Counter
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+
+class SetupError(RuntimeError):
+    """A job that cannot run as configured (port, GPUs, arguments): reported as its message alone."""
+
+
+class WorldError(RuntimeError):
+    """A rank of a started world failed.
+
+    ``rank`` is the rank that caused it; ``errors`` maps each failed rank to its
+    traceback text, or to ``("died", exit_code)`` when it left none.
+    """
+
+    def __init__(self, message, rank, errors):
+        super().__init__(message)
+        self.rank, self.errors = rank, errors
+
+
+# --- where the job meets -------------------------------------------------------------------
 
 def free_port(addr="127.0.0.1"):
     """A TCP port nobody listens on right now."""
@@ -34,13 +68,29 @@ def free_port(addr="127.0.0.1"):
         return s.getsockname()[1]
 
 
+def master_port(value):
+    """``MASTER_PORT``'s value as a port number, or :class:`SetupError` naming it.
+
+    Port 0 would let every rank 0 listen somewhere new while the others knock
+    on port 0, so it hangs instead of failing: refused like 99999.
+    """
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise SetupError(f"MASTER_PORT={value} is not a port the job can meet on (1-65535); "
+                         f"give one, or unset MASTER_PORT to get a free one.")
+    return port
+
+
 def check_port(addr, port):
-    """Raise a clear error if ``port`` cannot be listened on at ``addr``."""
+    """Raise :class:`SetupError` if ``port`` cannot be listened on at ``addr``."""
     with socket.socket() as s:
         try:
             s.bind((addr, port))
         except OSError as exc:
-            raise RuntimeError(
+            raise SetupError(
                 f"MASTER_PORT={port} on {addr} is not available ({exc.strerror}); another job may "
                 f"be using it. Pick another port, or unset MASTER_PORT to get a free one.") from None
 
@@ -58,32 +108,288 @@ def place():
             int(env.get("LOCAL_WORLD_SIZE", world)))
 
 
-def gpus_needed(backend, local_world_size):
-    """Check that ``backend`` can serve ``local_world_size`` ranks on this node; explain if not."""
-    if backend != "nccl":
-        return
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < local_world_size:
-        raise RuntimeError(
-            f"--backend nccl needs one GPU per rank, but {local_world_size} rank(s) run on this "
-            f"node and {n} GPU(s) are visible. Use --backend gloo (CUDA tensors are then staged "
-            f"through host memory, and several ranks may share a GPU)"
-            + (f", or --world-size {n}" if n else "") + ".")
+# --- backend and device: decided from every rank's host, the same on every rank ------------
+
+def visible_gpus():
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _entry(local_rank, fn, world_size, args):
-    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0")
-    fn(*args)
+def exchange_placement(store, rank, world_size):
+    """Every rank's host and visible GPU count, through the job's store (before any collective).
+
+    ``LOCAL_WORLD_SIZE`` alone cannot say whether ranks share a GPU: two torchrun
+    "nodes" on one machine each have a local world of 1.
+
+    Returns:
+        list[dict]: ``{"host": str, "gpus": int}`` for rank 0, 1, ..., the same on every rank.
+    """
+    store = dist.PrefixStore("collectives/placement", store)
+    store.set(str(rank), json.dumps({"host": socket.gethostname(), "gpus": visible_gpus()}))
+    return [json.loads(store.get(str(r))) for r in range(world_size)]
+
+
+def _short_of_gpus(placement):
+    """(host, ranks there, GPUs there) for each host with fewer GPUs than ranks."""
+    ranks = Counter(p["host"] for p in placement)
+    gpus = {p["host"]: p["gpus"] for p in placement}
+    return [(h, n, gpus[h]) for h, n in ranks.items() if gpus[h] < n]
+
+
+def choose_backend(requested, device, placement):
+    """The backend for the whole job, and one line saying why.
+
+    ``auto`` is NCCL only when every rank gets a GPU of its own (NCCL refuses two
+    ranks on one GPU: "Duplicate GPU detected"), else gloo. ``nccl`` without that
+    raises :class:`SetupError` before any collective.
+
+    Args:
+        requested (str): "auto", "gloo" or "nccl" (``--backend``).
+        device (str): "auto", "cpu" or "cuda" (``--device``).
+        placement (list[dict]): What :func:`exchange_placement` returned.
+
+    Returns:
+        (str, str): the backend, and the reason ("backend gloo: ...").
+    """
+    short = _short_of_gpus(placement)
+    if requested == "nccl":
+        if device == "cpu":
+            raise SetupError("--backend nccl sends CUDA tensors only; drop --device cpu or use --backend gloo")
+        if short:
+            host, n, gpus = short[0]
+            raise SetupError(
+                f"--backend nccl needs one GPU per rank, but {n} ranks run on {host} and {gpus} GPU(s) "
+                f"are visible there. Use --backend gloo (CUDA tensors are then staged through host "
+                f"memory, and several ranks may share a GPU)" + (f", or --world-size {gpus}" if gpus else "")
+                + ".")
+        return "nccl", f"backend nccl: every rank has a GPU of its own ({len(placement)} ranks)"
+    if requested == "gloo":
+        return "gloo", "backend gloo: as requested"
+    if device == "cpu":
+        return "gloo", "backend gloo: --device cpu"
+    if all(p["gpus"] == 0 for p in placement):
+        return "gloo", "backend gloo: no GPU visible"
+    if short:
+        host, n, gpus = short[0]
+        return "gloo", (f"backend gloo: {n} ranks run on {host} with {gpus} GPU(s), and NCCL needs "
+                        f"a GPU per rank")
+    return "nccl", f"backend nccl: every rank has a GPU of its own ({len(placement)} ranks)"
+
+
+def choose_device(requested, backend, placement, rank):
+    """This rank's device: its place among the ranks on its host picks the GPU.
+
+    NCCL ranks get distinct GPUs; gloo ranks with CUDA tensors share them round robin.
+
+    Args:
+        requested (str): "auto" (a GPU if one is visible), "cpu" or "cuda".
+        backend (str): What :func:`choose_backend` picked.
+        placement (list[dict]): What :func:`exchange_placement` returned.
+        rank (int): This rank.
+    """
+    host, gpus = placement[rank]["host"], placement[rank]["gpus"]
+    if requested == "cpu" or (requested == "auto" and not gpus):
+        return torch.device("cpu")
+    if not gpus:
+        raise SetupError("--device cuda, but no GPU is visible to this process")
+    slot = sum(p["host"] == host for p in placement[:rank])
+    return torch.device("cuda", slot % gpus)
+
+
+def init_process_group(backend="auto", device="auto", timeout=None):
+    """Join the job from the environment; pick backend and device; return (backend, device, reason).
+
+    The ranks meet on the job's store first, learn where every rank runs, and
+    only then create the process group, so the choice is the same on every rank.
+    """
+    rank, _, world, _ = place()
+    master_port(os.environ.get("MASTER_PORT", ""))
+    kwargs = {"timeout": timeout} if timeout else {}
+    store, rank, world = next(dist.rendezvous("env://", rank, world, **kwargs))
+    placement = exchange_placement(store, rank, world)
+    backend, reason = choose_backend(backend, device, placement)
+    dev = choose_device(device, backend, placement, rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank,
+                            world_size=world, device_id=dev if backend == "nccl" else None, **kwargs)
+    return backend, dev, reason
+
+
+# --- starting processes ------------------------------------------------------------------------
+
+def _die_with_parent():
+    """Ask Linux to SIGKILL this process when the launcher dies (no orphans); elsewhere a no-op."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+
+
+def _child(rank, env, fn, args, results):
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+    _die_with_parent()
+    try:
+        value = fn(*args)
+    except SetupError as exc:
+        results.put((rank, False, f"{exc}\n"))
+        sys.exit(1)
+    except SystemExit as exc:
+        ok = exc.code in (None, 0)
+        results.put((rank, ok, None if ok else f"SystemExit: {exc.code}\n"))
+        raise
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+        sys.exit(1)
+    results.put((rank, True, value))
+
+
+def _how_it_ended(code):
+    return f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+
+
+def _report(errors, first, world_size):
+    """Name the rank that caused the failure, with its traceback, once.
+
+    When one rank dies, its peers fail too, with a CollectiveError about the
+    lost connection, and the launcher may hear from one of them first. The
+    cause is the rank that failed for another reason.
+    """
+    secondary = {r for r, tb in errors.items() if isinstance(tb, str) and "CollectiveError" in tb}
+    cause = next((r for r in sorted(errors, key=lambda r: r != first) if r not in secondary), first)
+    tb = errors[cause]
+    if isinstance(tb, str):
+        text = f"rank {cause} of {world_size} failed; the other ranks were stopped. Its traceback:\n{tb}"
+    else:
+        text = (f"rank {cause} of {world_size} died ({_how_it_ended(tb[1])}) without a Python "
+                f"traceback; the other ranks were stopped.")
+    others = sorted(r for r in errors if r != cause)
+    if others:
+        text += f"\n(rank(s) {others} failed after it, waiting on it)"
+    return cause, text
+
+
+def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", preload=(),
+          expect_exit=None):
+    """Start ``world_size`` processes, run ``fn(*args)`` in each; return their results in rank order.
+
+    Args:
+        fn: A module-level function (it is sent to the processes by name). It
+            reads its rank from the environment (:func:`place`).
+        world_size (int): Number of processes.
+        *args: Arguments for ``fn``.
+        env (dict, optional): Environment variables set in every process first.
+        timeout (float, optional): Seconds before every process is killed and
+            ``TimeoutError`` raised (None: no limit, for training).
+        start_method (str): "spawn" (a fresh interpreter each) or "forkserver"
+            (forked from a server that imported ``preload`` once: fast, for tests).
+        preload (list[str]): Modules the fork server imports.
+        expect_exit (dict, optional): rank -> exit code for ranks meant to die
+            (fault tests); their result is None.
+
+    Returns:
+        list: ``fn``'s return value on rank 0, 1, ..., world_size - 1.
+
+    Raises:
+        SetupError: ``MASTER_PORT`` is unusable.
+        WorldError: a rank raised or died (the others were stopped).
+        TimeoutError: the world did not finish within ``timeout``.
+    """
+    expect_exit = dict(expect_exit or {})
+    addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    port = 0
+    if os.environ.get("MASTER_PORT"):
+        port = master_port(os.environ["MASTER_PORT"])
+        check_port(addr, port)
+    # The launcher hosts the job's store, as torchrun's agent does: the port is bound here
+    # once and held, so no other program can take it between choosing it and rank 0 binding
+    # it (a free port picked and released raced with parallel test runs).
+    store = dist.TCPStore(addr, port, is_master=True, wait_for_workers=False)
+    env = {**(env or {}), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+           "GROUP_RANK": "0", "MASTER_ADDR": addr, "MASTER_PORT": str(store.port),
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(list(preload))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(r, env, fn, args, results), daemon=False)
+             for r in range(world_size)]
+    saved = dict(os.environ)
+    os.environ.update(env)           # spawned interpreters see it from their first import
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out, errors, silent_since = {}, {}, {}
+    try:
+        while len(out) < world_size and not errors:
+            try:
+                rank, ok, value = results.get(timeout=0.1)
+                (out if ok and rank not in expect_exit else errors)[rank] = (
+                    value if rank not in expect_exit else
+                    f"rank {rank} was meant to die but {'returned' if ok else 'raised'}:\n{value}")
+                continue
+            except queue.Empty:
+                pass
+            now = time.monotonic()
+            for r, p in enumerate(procs):
+                if p.exitcode is None or r in out or r in errors:
+                    continue
+                if r in expect_exit:
+                    if p.exitcode == expect_exit[r]:
+                        out[r] = None
+                    else:
+                        errors[r] = (f"rank {r} was meant to die with exit code {expect_exit[r]} "
+                                     f"but ended with {_how_it_ended(p.exitcode)}\n")
+                # A result may still be in the pipe: give it a moment before calling the rank silent.
+                elif now - silent_since.setdefault(r, now) > 1.0:
+                    errors[r] = ("died", p.exitcode)
+            if deadline is not None and now > deadline:
+                name = getattr(fn, "__name__", fn)
+                raise TimeoutError(f"{name} on {world_size} ranks did not finish in {timeout:g} s; "
+                                   f"ranks done: {sorted(out)}, failed: {sorted(errors)}")
+        if errors:
+            first = next(iter(errors))
+            # The peers of a failed rank fail within moments; hear them before naming the cause.
+            grace = time.monotonic() + 0.5
+            while time.monotonic() < grace:
+                try:
+                    rank, ok, value = results.get(timeout=0.1)
+                    if not ok:
+                        errors.setdefault(rank, value)
+                except queue.Empty:
+                    pass
+            for r, p in enumerate(procs):
+                if r not in errors and r not in out and p.exitcode and p.exitcode < 0 \
+                        and p.exitcode != -signal.SIGTERM and r not in expect_exit:
+                    errors[r] = ("died", p.exitcode)
+            cause, text = _report(errors, first, world_size)
+            raise WorldError(text, cause, errors)
+    finally:
+        _stop(procs)
+        del store
+    return [out.get(r) for r in range(world_size)]
+
+
+def _stop(procs):
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + 3
+    for p in procs:
+        p.join(timeout=max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def launch(fn, world_size, args=()):
-    """Run ``fn(*args)`` on every rank; return the exit code for the launcher.
+    """Run ``fn(*args)`` on every rank of a command-line job; return the exit code.
 
-    Args:
-        fn: Module-level function; it reads its rank from the environment (:func:`place`).
-        world_size (int): Ranks to spawn; ignored under torchrun, which decides.
-        args (tuple): Arguments for ``fn``.
+    Under torchrun ``fn`` runs in this process and its exceptions propagate
+    (traceback on stderr, non-zero exit). Otherwise ``world_size`` processes are
+    started; a failure is reported on stderr, once.
 
     Returns:
         int: 0 if every rank finished, 1 if one failed (after stopping the rest).
@@ -91,30 +397,11 @@ def launch(fn, world_size, args=()):
     if under_torchrun():
         fn(*args)
         return 0
-    addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = os.environ.get("MASTER_PORT")
-    if port:
-        check_port(addr, int(port))
-    saved = dict(os.environ)
-    # The children inherit the environment at spawn; the caller's is restored after.
-    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port or str(free_port(addr)))
     try:
-        context = mp.start_processes(_entry, args=(fn, world_size, args), nprocs=world_size,
-                                     join=False, start_method="spawn")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    try:
-        while not context.join(grace_period=3):
-            pass
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        print(_failure_report(context, exc.error_index, world_size), file=sys.stderr)
+        start(fn, world_size, *args)
+    except WorldError as exc:
+        print(f"collectives.launch: {exc}", file=sys.stderr)
         return 1
-    finally:
-        for p in context.processes:
-            if p.is_alive():
-                p.kill()
-            p.join()
     return 0
 
 
@@ -123,6 +410,33 @@ def launch_each(fn, world_sizes, args=()):
     for world in world_sizes:
         if launch(fn, world, args) != 0:
             raise SystemExit(1)
+
+
+def _in_group(fn, backend, threads, args):
+    rank, _, world, _ = place()
+    # Every process would otherwise start one thread per core; N processes
+    # sharing the cores then mostly wait for each other.
+    torch.set_num_threads(threads)
+    if backend == "nccl":   # one GPU per rank, chosen before NCCL touches a device
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)
+    try:
+        return fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_in_group(fn, world_size, *args, backend="gloo", threads=1, **options):
+    """:func:`start` ``world_size`` ranks in a ``backend`` process group; each runs ``fn(rank, world_size, *args)``.
+
+    ``options`` are :func:`start`'s (env, timeout, start_method, preload, expect_exit).
+
+    Example::
+
+        >>> run_in_group(hello, 2)   # hello(rank, world_size) returns f"rank {rank}"
+        ['rank 0', 'rank 1']
+    """
+    return start(_in_group, world_size, fn, backend, threads, args, **options)
 
 
 @contextlib.contextmanager
@@ -140,49 +454,3 @@ def gloo_group(threads=1):
         yield rank, world
     finally:
         dist.destroy_process_group()
-
-
-def _failure_report(context, first_seen, world_size):
-    """Name the rank that caused the failure and show its traceback.
-
-    When one rank dies, its peers fail too, with a CollectiveError about the
-    lost connection, and on a busy machine the launcher may notice one of them
-    first. The cause is the rank that failed for another reason.
-    """
-    failures = {}
-    for i, p in enumerate(context.processes):
-        tb = None
-        if os.access(context.error_files[i], os.R_OK):
-            with open(context.error_files[i], "rb") as f:
-                tb = pickle.load(f)
-        if tb:
-            failures[i] = tb
-        elif p.exitcode is not None and p.exitcode < 0 and (i == first_seen or p.exitcode != -signal.SIGTERM):
-            failures[i] = None     # killed by a signal, no Python traceback
-    secondary = [i for i, tb in failures.items() if tb and "CollectiveError" in tb]
-    cause = next((i for i in failures if i not in secondary), first_seen)
-    tb = failures.get(cause)
-    if tb:
-        text = f"rank {cause} of {world_size} failed; the other ranks were stopped. Its traceback:\n{tb}"
-    else:
-        code = context.processes[cause].exitcode
-        how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
-        text = (f"rank {cause} of {world_size} died ({how}) without a Python traceback; "
-                f"the other ranks were stopped.")
-    others = sorted(i for i in failures if i != cause)
-    if others:
-        text += f"\n(rank(s) {others} failed after it, waiting on it)"
-    return "collectives.launch: " + text
-
-
-def inject_fault(rank, step):
-    """Test hook: ``COLLECTIVES_FAULT="RANK:STEP[:raise]"`` kills (or raises in) that rank at that step."""
-    spec = os.environ.get("COLLECTIVES_FAULT")
-    if not spec:
-        return
-    parts = spec.split(":")
-    if int(parts[0]) != rank or int(parts[1]) != step:
-        return
-    if len(parts) > 2 and parts[2] == "raise":
-        raise RuntimeError(f"COLLECTIVES_FAULT: injected failure on rank {rank} at step {step}")
-    os.kill(os.getpid(), signal.SIGKILL)

@@ -128,6 +128,7 @@ class Call:
     nbytes: int
     start: float
     end: float = float("nan")
+    kind: str = "call"   # beside Message's "send"/"recv", so a filter on kind skips calls
 
 
 @dataclass

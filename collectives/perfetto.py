@@ -25,9 +25,10 @@ only as aligned as the machines' clocks.
 Call slices come from the ``Call`` records :func:`collectives.trace` keeps
 (one per collective call on each rank, with its sequence number on the group).
 For records without them (older traces, hand-built message lists) call slices
-are *derived* from the messages of each rank: consecutive messages of the same collective and algorithm form
-one call, and a new call starts where a (kind, peer, step) repeats. Calls that overlap on one rank (async work on two groups) can
-then merge; their args say ``"derived": true``.
+are *derived* from the messages of each rank: consecutive messages of the same
+collective and algorithm form one call, and a new call starts where a (kind,
+peer, step) repeats. Calls that overlap on one rank (async work on two groups)
+can then merge; their args say ``"derived": true``.
 
 Example::
 
@@ -64,12 +65,19 @@ def _is_message(r):
     return isinstance(r, Message) or (hasattr(r, "kind") and hasattr(r, "src") and hasattr(r, "dst"))
 
 
+def messages_only(records):
+    """The :class:`Message` records among ``records`` (a trace also holds ``Call`` records)."""
+    return [r for r in records if _is_message(r)]
+
+
 def pair_messages(messages):
     """Match each send with its receive: list of (send, recv) records, in send order.
 
     Records match on (collective, algorithm, step, src, dst, nbytes); repeated
-    keys (the same collective twice) pair up in order of start time.
+    keys (the same collective twice) pair up in order of start time. Records
+    other than messages are ignored.
     """
+    messages = messages_only(messages)
     recvs = {}
     for m in sorted(messages, key=lambda m: m.start):
         if m.kind == "recv":
@@ -89,7 +97,7 @@ def derive_calls(messages):
     Returns a list of dicts: collective, algorithm, start, end, messages (the records).
     """
     calls = []
-    for m in sorted(messages, key=lambda m: m.start):
+    for m in sorted(messages_only(messages), key=lambda m: m.start):
         cur = calls[-1] if calls else None
         key = (m.kind, m.dst if m.kind == "send" else m.src, m.step)
         # Not "the step fell back": algorithms post some receives of later steps early.

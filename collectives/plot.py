@@ -32,6 +32,8 @@ def _axes(ax, figsize):
 
 
 def ranks_of(messages):
+    """Every rank that sent or received one of ``messages`` (other records are ignored)."""
+    messages = perfetto.messages_only(messages)
     return sorted({m.src for m in messages} | {m.dst for m in messages})
 
 
@@ -150,7 +152,7 @@ def ring_ownership(messages, fig=None):
     Returns:
         (fig, states): the figure and, per step, the N x N grid of counts after it.
     """
-    sends = [m for m in messages if m.kind == "send" and m.collective == "all_reduce"
+    sends = [m for m in perfetto.messages_only(messages) if m.kind == "send" and m.collective == "all_reduce"
              and m.algorithm == "ring"]
     n = len(ranks_of(sends))
     steps = sorted({m.step for m in sends})
@@ -213,7 +215,7 @@ def bytes_per_rank(traces, ax=None, title=None):
     width = 0.8 / max(len(ranks), 1)
     cmap = plt.get_cmap("viridis")
     for j, r in enumerate(ranks):
-        sent = [sum(m.nbytes for m in traces[label] if m.kind == "send" and m.src == r)
+        sent = [sum(m.nbytes for m in perfetto.messages_only(traces[label]) if m.kind == "send" and m.src == r)
                 for label in labels]
         ax.bar([i + (j - (len(ranks) - 1) / 2) * width for i in range(len(labels))], sent, width,
                label=f"rank {r}", color=cmap(j / max(len(ranks) - 1, 1)))

@@ -15,16 +15,21 @@ Examples::
 
 Rank 0 prints a progress bar and one line per epoch, and writes to ``--out``:
 ``metrics.json`` and ``metrics.csv`` (per epoch), ``curves.png`` (loss and
-accuracy) and ``checkpoint.pt`` (model, optimizer, position, RNG states),
-each replaced atomically so a crash never leaves a torn file.
+accuracy) and ``checkpoint.pt`` (model, optimizer, position, RNG states, the
+run's arguments), each replaced atomically so a crash never leaves a torn file.
+``train.lock`` holds ``--out`` for one training at a time. ``--resume``
+refuses a checkpoint made with other arguments (``--epochs`` may be raised).
 """
 import argparse
+import contextlib
 import csv
 import itertools
 import json
 import math
 import os
 import random
+import re
+import socket
 import sys
 import time
 
@@ -73,24 +78,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def pick_backend(requested, device, local_world_size):
-    if requested != "auto":
-        return requested
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return "nccl" if device != "cpu" and gpus and gpus >= local_world_size else "gloo"
-
-
-def pick_device(requested, backend, local_rank):
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
-        if backend == "nccl":
-            raise RuntimeError("--backend nccl sends CUDA tensors only; drop --device cpu or use gloo")
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("--device cuda, but no GPU is visible to this process")
-    # LOCAL_RANK picks the GPU; gloo ranks may share one (their tensors stage through host memory).
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
-
-
 def learning_rate(args, step, total_steps):
     """Linear warmup over the first 3% of steps, then cosine decay to zero: a pure function of step."""
     warmup = max(1, int(0.03 * total_steps))
@@ -99,21 +86,165 @@ def learning_rate(args, step, total_steps):
     return args.lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
 
 
+TMP = re.compile(r"\..+\.tmp\.\d+")   # what save_atomic writes before the rename
+
+
 def save_atomic(write, path):
-    """Write ``path`` through ``write(tmp_path)`` then rename: readers see the old file or the new one."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+    """Write ``path`` through ``write(tmp_path)`` then rename: readers see the old file or the new one.
+
+    A process killed mid-write leaves its hidden ``.NAME.tmp.PID`` behind;
+    :func:`remove_partial_writes` clears those at the next start.
+    """
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.tmp.{os.getpid()}")
     write(tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
+def remove_partial_writes(out):
+    """Delete what writers killed mid-write left in ``out`` (call with the lock held: no writer is live)."""
+    for name in os.listdir(out) if os.path.isdir(out) else []:
+        if TMP.fullmatch(name):
+            os.remove(os.path.join(out, name))
+
+
 def save_checkpoint(state, path):
     save_atomic(lambda tmp: torch.save(state, tmp), path)
 
 
-def load_checkpoint(path, device):
-    return torch.load(path, map_location=device, weights_only=False)
+def load_checkpoint(path):
+    """The checkpoint, on the CPU: RNG states must be CPU ByteTensors, and the model and
+    optimizer copy their tensors to their own device when they load them."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# --- resuming ---------------------------------------------------------------------------------
+
+# What a resumed run must share with the checkpoint's: everything that changes the numbers.
+# Where and how it runs (world size, backend, device, paths, threads, progress bar) may change,
+# and --epochs / --max-steps may be raised to train further.
+MUST_MATCH = ("batch_size", "lr", "momentum", "weight_decay", "algorithm", "sync", "bucket_cap_mb",
+              "split", "seed", "subset")
+MAY_RAISE = ("epochs", "max_steps")
+
+
+def resume_differences(saved, args):
+    """The arguments in which ``args`` differs from the checkpoint's ``saved`` ones, as lines."""
+    now = vars(args)
+    lines = [f"--{k.replace('_', '-')}: {saved.get(k)!r} in the checkpoint, {now[k]!r} now"
+             for k in MUST_MATCH if saved.get(k) != now[k]]
+    for k in MAY_RAISE:
+        old, new = saved.get(k), now[k]
+        lowered = new is not None and (old is None or new < old)
+        if lowered:
+            lines.append(f"--{k.replace('_', '-')}: {old!r} in the checkpoint, {new!r} now "
+                         f"(it may be raised, not lowered)")
+    return lines
+
+
+def check_resume(args):
+    """Before any rank starts: refuse a resume with other arguments; None, or the reason to stop.
+
+    Returns:
+        str or None: a message when the run already finished (nothing to do).
+
+    Raises:
+        launch.SetupError: the checkpoint was made with different arguments; the message names each.
+    """
+    path = os.path.join(args.out, "checkpoint.pt")
+    if not (args.resume and os.path.exists(path)):
+        return None
+    ckpt = load_checkpoint(path)
+    saved = ckpt.get("args") or {}
+    diffs = resume_differences(saved, args)
+    if diffs:
+        raise launch.SetupError(
+            f"--resume refused: {path} was written by a run with other arguments:\n  "
+            + "\n  ".join(diffs) + "\nResume with the checkpoint's arguments, or give a new --out.")
+    steps = ckpt.get("global_step", 0)
+    if ckpt["epoch"] >= args.epochs or (args.max_steps and steps >= args.max_steps):
+        last = ckpt["history"][-1] if ckpt["history"] else {}
+        acc = f", test accuracy {100 * last['test_accuracy']:.2f}%" if last else ""
+        return (f"the run in {args.out} already finished ({ckpt['epoch']} of {args.epochs} epochs, "
+                f"{steps} steps{acc}); nothing to do. Raise --epochs to train further, "
+                f"or give a new --out.")
+    return None
+
+
+def resume(args, rank, world, device):
+    """Load ``OUT/checkpoint.pt`` for this rank and restore its RNG states; None when starting fresh.
+
+    ``device`` is where the rank trains; the checkpoint is read onto the CPU
+    whatever it is, because ``torch.set_rng_state`` takes only a CPU
+    ByteTensor (mapping the checkpoint onto a GPU failed with "RNG state must
+    be a torch.ByteTensor"). The model and optimizer copy their tensors to
+    ``device`` when they load them.
+    """
+    path = os.path.join(args.out, "checkpoint.pt")
+    if not (args.resume and os.path.exists(path)):
+        return None
+    ckpt = load_checkpoint(path)
+    if len(ckpt["rng"]) == world:
+        torch.set_rng_state(ckpt["rng"][rank].cpu())
+    random.setstate(ckpt["python_rng"])
+    return ckpt
+
+
+# --- one training per --out -------------------------------------------------------------------
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(out):
+    """Make this process the only training writing to ``out``; return the lock's path.
+
+    The lock file holds the owner's pid and host. A lock whose owner is dead
+    (same host, no such pid) is stale and taken over.
+
+    Raises:
+        launch.SetupError: another live training holds ``out``; the message names it.
+    """
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "train.lock")
+    mine = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    owner = json.load(f)
+            except (OSError, ValueError):
+                owner = {}
+            if owner.get("host") != mine["host"] or _alive(owner.get("pid", -1)):
+                raise launch.SetupError(
+                    f"{out} is in use by another training (pid {owner.get('pid')} on "
+                    f"{owner.get('host')}: {owner.get('command', '?')}). Give another --out, or wait "
+                    f"for it; if no such training runs, delete {path}.") from None
+            print(f"collectives.train: taking over a stale lock in {out} (pid {owner.get('pid')} "
+                  f"is no longer running)", flush=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(mine, f)
+        remove_partial_writes(out)
+        return path
+    raise launch.SetupError(f"could not take the lock {path}; is another training starting?")
+
+
+def release_lock(path):
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
 
 
 def _gather_rng(rank, world, device):
@@ -168,31 +299,36 @@ def write_outputs(out, history):
     plt.close(fig)
 
 
-def worker(args):
-    """One rank of the job. Its place in the job comes from the environment (see launch.py)."""
-    rank, local_rank, world, local_world = launch.place()
+def worker(args, lock_out=False):
+    """One rank of the job. Its place in the job comes from the environment (see launch.py).
+
+    ``lock_out``: take ``--out``'s lock on rank 0 (under torchrun; otherwise main() holds it).
+    """
+    rank, _, world, local_world = launch.place()
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
     torch.use_deterministic_algorithms(True, warn_only=True)
-    backend = pick_backend(args.backend, args.device, local_world)
-    launch.gpus_needed(backend, local_world)
-    device = pick_device(args.device, backend, local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                            device_id=device if backend == "nccl" else None)
+    lock = acquire_lock(args.out) if lock_out and rank == 0 else None
     try:
-        train(args, rank, world, device, backend)
+        backend, device, why = launch.init_process_group(args.backend, args.device)
+        if rank == 0 and args.backend == "auto":
+            print(f"collectives.train: {why}", flush=True)
+        try:
+            train(args, rank, world, device, backend)
+        finally:
+            dist.destroy_process_group()
     finally:
-        dist.destroy_process_group()
+        if lock:
+            release_lock(lock)
 
 
 def train(args, rank, world, device, backend):
     started = time.perf_counter()
-    # Only rank 0 may download or unpack; the others read once it is done.
-    root = prepare_mnist(args.data_dir, download=True) if rank == 0 else None
+    # Only rank 0 may download or unpack (without torchrun, main() did it before starting the
+    # ranks); the others read once it is done.
+    root = data_root(args.data_dir, download=True) if rank == 0 else None
     api.barrier()
     if rank != 0:
-        root = prepare_mnist(args.data_dir, download=False)
+        root = data_root(args.data_dir, download=False)
     train_set = load_mnist(root, train=True, subset=args.subset)
     test_set = load_mnist(root, train=False, subset=args.subset)
     loader = train_loader(train_set, args.batch_size, rank, world, seed=args.seed, how=args.split)
@@ -205,7 +341,7 @@ def train(args, rank, world, device, backend):
     random.seed(args.seed)
     model = Net().to(device)
     ckpt_path = os.path.join(args.out, "checkpoint.pt")
-    ckpt = load_checkpoint(ckpt_path, device) if args.resume and os.path.exists(ckpt_path) else None
+    ckpt = resume(args, rank, world, device)
     if ckpt:
         model.load_state_dict(ckpt["model"])
     if args.sync == "naive":
@@ -224,9 +360,6 @@ def train(args, rank, world, device, backend):
                 print(f"checkpoint from {ckpt['world_size']} ranks, now {world}: "
                       f"restarting epoch {epoch + 1}", flush=True)
             start = 0
-        if len(ckpt["rng"]) == world:
-            torch.set_rng_state(ckpt["rng"][rank])
-        random.setstate(ckpt["python_rng"])
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         where = f"resuming at epoch {epoch + 1}, step {start}" if ckpt else "starting"
@@ -235,12 +368,13 @@ def train(args, rank, world, device, backend):
               f"({per_rank_batch(args.batch_size, world)} per rank), {steps_per_epoch} steps per epoch",
               flush=True)
 
-    def checkpoint(epoch, step):
+    def checkpoint(epoch, step, global_step):
         rng = _gather_rng(rank, world, device)
         if rank == 0:
             save_checkpoint({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
-                             "epoch": epoch, "step": step, "rng": rng, "python_rng": random.getstate(),
-                             "history": history, "world_size": world, "args": vars(args)}, ckpt_path)
+                             "epoch": epoch, "step": step, "global_step": global_step, "rng": rng,
+                             "python_rng": random.getstate(), "history": history, "world_size": world,
+                             "args": vars(args)}, ckpt_path)
 
     step = epoch * steps_per_epoch + start
     while epoch < args.epochs and step < total_steps:
@@ -255,7 +389,6 @@ def train(args, rank, world, device, backend):
                            leave=False, file=sys.stdout, dynamic_ncols=True)
         sums = torch.zeros(2, dtype=torch.float64, device=device)
         for x, y in batches:
-            launch.inject_fault(rank, step)
             for group in opt.param_groups:
                 group["lr"] = learning_rate(args, step, total_steps)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -268,7 +401,7 @@ def train(args, rank, world, device, backend):
             step += 1
             start += 1
             if args.checkpoint_every and step % args.checkpoint_every == 0 and start < steps_per_epoch:
-                checkpoint(epoch, start)
+                checkpoint(epoch, start, step)
         api.all_reduce(sums)
         test_loss, test_acc = evaluate(model, test_set, rank, world, device)
         finished = start >= steps_per_epoch
@@ -278,7 +411,7 @@ def train(args, rank, world, device, backend):
         history.append(record)
         if finished:
             epoch, start = epoch + 1, 0
-        checkpoint(epoch, start)
+        checkpoint(epoch, start, step)
         if rank == 0:
             write_outputs(args.out, history)
             print(f"epoch {record['epoch']}/{args.epochs}: train loss {record['train_loss']:.4f}, "
@@ -289,19 +422,50 @@ def train(args, rank, world, device, backend):
               f"{time.perf_counter() - started:.0f} s; outputs in {args.out}", flush=True)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if not launch.under_torchrun():
-        if args.world_size < 1:
-            sys.exit(f"--world-size must be at least 1, got {args.world_size}")
-        try:
-            launch.gpus_needed(pick_backend(args.backend, args.device, args.world_size), args.world_size)
-            per_rank_batch(args.batch_size, args.world_size)
-        except (RuntimeError, ValueError) as exc:
-            sys.exit(f"collectives.train: {exc}")
+def data_root(data_dir, download):
+    """prepare_mnist, its failure said in a few lines (SetupError) rather than a traceback."""
     try:
-        code = launch.launch(worker, args.world_size, (args,))
-    except RuntimeError as exc:
+        return prepare_mnist(data_dir, download=download)
+    except FileNotFoundError as exc:
+        raise launch.SetupError(str(exc)) from None
+
+
+def main(argv=None):
+    """``collectives-train`` / ``python -m collectives.train``: check, then start the ranks.
+
+    Mistakes in the setup (arguments, port, GPUs, data, a second training on
+    the same --out) stop here with one message before any rank starts. An error
+    inside a rank is not caught: its traceback reaches stderr, and the exit
+    code is non-zero, under torchrun too.
+    """
+    args = parse_args(argv)
+    try:
+        finished = check_resume(args)
+        if finished:
+            if not launch.under_torchrun() or launch.place()[0] == 0:
+                print(f"collectives.train: {finished}", flush=True)
+            return
+        if launch.under_torchrun():
+            launch.launch(worker, None, (args, True))
+            return
+        if args.world_size < 1:
+            raise launch.SetupError(f"--world-size must be at least 1, got {args.world_size}")
+        if os.environ.get("MASTER_PORT"):
+            launch.check_port(os.environ.get("MASTER_ADDR") or "127.0.0.1",
+                              launch.master_port(os.environ["MASTER_PORT"]))
+        here = [{"host": socket.gethostname(), "gpus": launch.visible_gpus()}] * args.world_size
+        launch.choose_backend(args.backend, args.device, here)
+        try:
+            per_rank_batch(args.batch_size, args.world_size)
+        except ValueError as exc:
+            raise launch.SetupError(str(exc)) from None
+        lock = acquire_lock(args.out)
+        try:
+            data_root(args.data_dir, download=True)   # once, before the ranks start
+            code = launch.launch(worker, args.world_size, (args,))
+        finally:
+            release_lock(lock)
+    except launch.SetupError as exc:
         sys.exit(f"collectives.train: {exc}")
     sys.exit(code)
 

@@ -15,7 +15,6 @@ import time
 import pytest
 import torch
 
-import collectives
 from benchmarks import common, sweep
 from collectives import cost_model, tuning
 from collectives.algorithms import ALGORITHMS
@@ -339,12 +338,13 @@ def test_desync_cost_times_both_sides(tmp_path, capfd):
     from benchmarks import desync_cost
     assert desync_cost.switch_works()
     desync_cost.main(["-b", "4K", "--world-size", "2", "-n", "2", "-w", "1", "--batch", "1",
-                      "--algorithm", "ring,default", "--out", str(tmp_path)])
+                      "--algorithm", "ring,default", "--debug", "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [(r["world_size"], r["algorithm"]) for r in rows] == [(2, "ring"), (2, "default")]
     for r in rows:
         assert r["tags_on_us"] > 0 and r["tags_off_us"] > 0 and r["builtin_us"] > 0
         assert math.isclose(r["on_over_off"], r["tags_on_us"] / r["tags_off_us"])
+        assert math.isclose(r["debug_over_on"], r["debug_on_us"] / r["tags_on_us"])
     assert "worst on/off" in capfd.readouterr().out
 
 

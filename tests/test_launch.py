@@ -8,14 +8,15 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
+from collectives import launch
 from tests.test_train import REPO, SMALL, check_ok, mnist_env, needs_mnist, run_train
 from tests.worlds import free_port
 
-pytestmark = needs_mnist
 TORCHRUN = ("-m", "torch.distributed.run")
 
 
@@ -34,6 +35,7 @@ def _processes_with(marker):
     return found
 
 
+@needs_mnist
 @pytest.mark.slow
 def test_torchrun_one_node(tmp_path, tmp_path_factory):
     env = mnist_env(tmp_path_factory)
@@ -44,6 +46,7 @@ def test_torchrun_one_node(tmp_path, tmp_path_factory):
     assert "2 ranks, backend gloo" in proc.stdout and "done: test accuracy" in proc.stdout
 
 
+@needs_mnist
 @pytest.mark.slow
 def test_torchrun_two_simulated_nodes(tmp_path, tmp_path_factory):
     env = mnist_env(tmp_path_factory)
@@ -67,18 +70,43 @@ def test_torchrun_two_simulated_nodes(tmp_path, tmp_path_factory):
     assert "epoch" not in outputs[1][0]          # node 1 holds rank 1, which prints nothing
 
 
+@needs_mnist
 @pytest.mark.parametrize("fault, expected", [
     ("1:2:raise", ["rank 1 of 2 failed", "injected failure on rank 1 at step 2"]),
-    ("1:2", ["rank 1 of 2 died (signal SIGKILL)"]),
+    ("1:2:kill", ["rank 1 of 2 died (signal SIGKILL)"]),
 ])
 def test_failing_rank_stops_the_others_and_is_reported(tmp_path, tmp_path_factory, fault, expected):
     marker = f"collectives-test-{uuid.uuid4().hex}"
-    env = mnist_env(tmp_path_factory, COLLECTIVES_FAULT=fault, COLLECTIVES_TEST_MARKER=marker)
-    proc = run_train(["--world-size", "2", "--out", str(tmp_path), *SMALL], env)
+    env = mnist_env(tmp_path_factory, COLLECTIVES_TEST_MARKER=marker)
+    proc = run_train([fault, "--world-size", "2", "--out", str(tmp_path), *SMALL], env, module="tests.faults")
     assert proc.returncode != 0
     for text in expected:
         assert text in proc.stderr, proc.stderr
+    assert proc.stderr.count("Traceback (most recent call last)") <= 1, proc.stderr   # once
     assert _processes_with(marker) == []
+
+
+@needs_mnist
+@pytest.mark.slow
+def test_torchrun_failing_rank_traceback_reaches_stderr(tmp_path, tmp_path_factory):
+    env = mnist_env(tmp_path_factory)
+    proc = subprocess.run([sys.executable, *TORCHRUN, "--standalone", "--nproc_per_node", "2",
+                           "-m", "tests.faults", "1:1:raise", "--out", str(tmp_path), *SMALL],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    # the rank's own traceback, frames included, not a one-line summary
+    assert "in faulty_learning_rate" in proc.stderr and "injected failure on rank 1 at step 1" in proc.stderr, \
+        proc.stderr
+
+
+@pytest.mark.parametrize("port", ["0", "99999"])
+def test_master_port_out_of_range_exits_at_once(tmp_path, tmp_path_factory, port):
+    env = mnist_env(tmp_path_factory, MASTER_PORT=port)
+    started = time.monotonic()
+    proc = run_train(["--world-size", "2", "--out", str(tmp_path), *SMALL], env, timeout=60)
+    assert proc.returncode != 0
+    assert f"MASTER_PORT={port} is not a port" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert time.monotonic() - started < 45      # no rank started: just the imports
 
 
 def test_taken_master_port_is_explained(tmp_path, tmp_path_factory):
@@ -91,3 +119,45 @@ def test_taken_master_port_is_explained(tmp_path, tmp_path_factory):
     assert proc.returncode != 0
     assert f"MASTER_PORT={port} on 127.0.0.1 is not available" in proc.stderr
     assert "unset MASTER_PORT" in proc.stderr
+
+
+# --- the launcher itself, in this process -------------------------------------------------------
+
+def _raises_on_rank_1(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank 1 gives up")
+    import collectives
+    collectives.barrier()   # rank 0 waits for rank 1, which never comes
+
+
+def _sleeps(rank, world_size):
+    time.sleep(60)
+
+
+def _returns(rank, world_size, x):
+    return (rank, world_size, x, int(os.environ["MASTER_PORT"]) > 0)
+
+
+def test_start_returns_every_rank_result():
+    assert launch.run_in_group(_returns, 3, "x", start_method="forkserver", preload=["tests.worlds"],
+                               timeout=120) == [(r, 3, "x", True) for r in range(3)]
+
+
+def test_start_names_the_failing_rank_with_its_traceback_once():
+    started = time.monotonic()
+    with pytest.raises(launch.WorldError) as err:
+        launch.run_in_group(_raises_on_rank_1, 2, start_method="forkserver", preload=["tests.worlds"],
+                            env={"COLLECTIVES_TIMEOUT": "60"}, timeout=120)
+    assert err.value.rank == 1
+    msg = str(err.value)
+    assert msg.startswith("rank 1 of 2 failed") and "ValueError: rank 1 gives up" in msg
+    assert msg.count("Traceback") == 1
+    assert time.monotonic() - started < 45   # rank 0 was stopped, not left to its 60 s timeout
+
+
+def test_start_hard_timeout_kills_the_world():
+    marker = f"collectives-test-{uuid.uuid4().hex}"
+    with pytest.raises(TimeoutError, match="did not finish in 3 s"):
+        # spawn: each process starts from this environment, so the marker shows in /proc
+        launch.run_in_group(_sleeps, 2, env={"COLLECTIVES_TEST_MARKER": marker}, timeout=3)
+    assert _processes_with(marker) == []

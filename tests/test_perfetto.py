@@ -172,7 +172,8 @@ def test_one_training_step_trace(tmp_path):
     perfetto.check_trace(trace)
     slices = by_phase(trace, "X")
     for rank in (0, 1):
-        program = [e["name"] for e in sorted(slices, key=lambda e: e["ts"]) if e["pid"] == rank and e["cat"] == "program"]
+        program = [e["name"] for e in sorted(slices, key=lambda e: e["ts"])
+                   if e["pid"] == rank and e["cat"] == "program"]
         assert program == ["forward", "backward (gradients averaged)", "optimizer step"]
         assert any(e["cat"] == "collective" and e["args"]["collective"] == "all_reduce"
                    for e in slices if e["pid"] == rank)

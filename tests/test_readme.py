@@ -29,5 +29,8 @@ def test_ci_runs_the_readme_test_command():
     commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
     assert len(commands) == 2, "README gives exactly two commands: install+train, and test"
     ci = (sync.ROOT / ".ci" / "run").read_text().strip().splitlines()
-    assert ci[-1] == commands[1], "the last line of .ci/run must be README's test command"
+    runs = [line for line in ci if "pytest" in line and not line.lstrip().startswith("#")]
+    assert runs == [commands[1]], ".ci/run must run the tests through README's test command, exactly"
+    calls = [line for line in ci if re.search(r"\bsuite\b(?!\(\))", line)]
+    assert len(calls) == 2, ".ci/run runs the suite twice: newest torch and the floor"
     assert commands[0].startswith("pip install -e . && python -m collectives.train")

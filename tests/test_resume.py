@@ -1,9 +1,9 @@
 """A run killed mid-epoch and resumed ends bitwise where an uninterrupted run ends.
 
 World of 2, 256 training examples, global batch 32: 8 steps per epoch, 2
-epochs, a checkpoint every 3 steps. ``COLLECTIVES_FAULT=1:11`` SIGKILLs rank 1
-just before step 11 (in the second epoch, two steps after the last
-checkpoint); the launcher stops rank 0 and exits non-zero; ``--resume``
+epochs, a checkpoint every 3 steps. ``python -m tests.faults 1:11:kill``
+SIGKILLs rank 1 just before step 11 (in the second epoch, two steps after the
+last checkpoint); the launcher stops rank 0 and exits non-zero; ``--resume``
 continues from the checkpoint.
 """
 import os
@@ -27,16 +27,16 @@ def test_killed_and_resumed_run_matches_uninterrupted_run(tmp_path, tmp_path_fac
     check_ok(run_train([*ARGS, "--out", str(tmp_path / "straight")], env))
 
     out = str(tmp_path / "interrupted")
-    killed = run_train([*ARGS, "--out", out], dict(env, COLLECTIVES_FAULT="1:11"))
+    killed = run_train(["1:11:kill", *ARGS, "--out", out], env, module="tests.faults")
     assert killed.returncode != 0 and "rank 1 of 2 died (signal SIGKILL)" in killed.stderr, killed.stderr
-    at_kill = load_checkpoint(os.path.join(out, "checkpoint.pt"), "cpu")
+    at_kill = load_checkpoint(os.path.join(out, "checkpoint.pt"))
     assert (at_kill["epoch"], at_kill["step"]) == (1, 1)      # after step 9 = epoch 2, batch 1
     resumed = run_train([*ARGS, "--out", out, "--resume"], env)
     check_ok(resumed)
     assert "resuming at epoch 2, step 1" in resumed.stdout
 
-    a = load_checkpoint(os.path.join(tmp_path, "straight", "checkpoint.pt"), "cpu")
-    b = load_checkpoint(os.path.join(out, "checkpoint.pt"), "cpu")
+    a = load_checkpoint(os.path.join(tmp_path, "straight", "checkpoint.pt"))
+    b = load_checkpoint(os.path.join(out, "checkpoint.pt"))
     assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (2, 0)
     for name, value in a["model"].items():
         assert torch.equal(value, b["model"][name]), name
@@ -64,4 +64,19 @@ def test_kill_during_checkpoint_write_leaves_the_previous_one(tmp_path):
     path = str(tmp_path / "checkpoint.pt")
     proc = subprocess.run([sys.executable, "-c", TORN_WRITE, path], cwd=REPO, timeout=120)
     assert proc.returncode == -9
-    assert torch.equal(load_checkpoint(path, "cpu")["w"], torch.ones(1000))
+    assert torch.equal(load_checkpoint(path)["w"], torch.ones(1000))
+
+
+@needs_mnist
+def test_resume_after_a_kill_during_a_checkpoint_write(tmp_path, tmp_path_factory):
+    # One rank, 8 steps an epoch, a checkpoint every 3 steps: the write after step 6 is torn.
+    env = mnist_env(tmp_path_factory)
+    args = ["--world-size", "1", "--subset", "256", "--batch-size", "32", "--epochs", "1",
+            "--checkpoint-every", "3", "--no-progress", "--out", str(tmp_path)]
+    killed = run_train(["0:5:torn", *args], env, module="tests.faults")
+    assert killed.returncode != 0 and "rank 0 of 1 died (signal SIGKILL)" in killed.stderr, killed.stderr
+    assert load_checkpoint(str(tmp_path / "checkpoint.pt"))["step"] == 3     # the last whole one
+    resumed = run_train([*args, "--resume"], env)
+    check_ok(resumed)
+    assert "resuming at epoch 1, step 3" in resumed.stdout
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt", "curves.png", "metrics.csv", "metrics.json"]

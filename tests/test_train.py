@@ -7,15 +7,18 @@ never download. Helpers here are shared with test_launch.py and test_resume.py.
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from collectives import data
+from collectives import data, train
+from collectives.launch import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MNIST_SRC = os.environ.get("COLLECTIVES_TEST_DATA", os.path.join(REPO, "..", "shared", "data"))
@@ -104,6 +107,96 @@ def test_missing_data_without_network_says_where_to_put_it(tmp_path, monkeypatch
     msg = str(err.value)
     assert os.path.join(str(tmp_path / "empty"), "MNIST", "raw") in msg
     assert "COLLECTIVES_DATA" in msg and "train-images-idx3-ubyte.gz" in msg
+
+
+def test_no_network_stops_at_once_saying_where_to_put_mnist(tmp_path, tmp_path_factory):
+    # The network made unreachable the way urllib sees it: every request goes to a closed port.
+    closed = f"http://127.0.0.1:{free_port()}"
+    env = mnist_env(tmp_path_factory, http_proxy=closed, https_proxy=closed, HTTP_PROXY=closed,
+                    HTTPS_PROXY=closed, no_proxy="", NO_PROXY="")
+    env.pop("COLLECTIVES_DATA")
+    empty = tmp_path / "empty"
+    started = time.monotonic()
+    proc = run_train(["--world-size", "2", "--data-dir", str(empty), "--out", str(tmp_path / "run"), *SMALL],
+                     env, timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 90
+    err = proc.stderr
+    assert "could not be downloaded" in err and "--data-dir" in err and "COLLECTIVES_DATA" in err, err
+    assert os.path.join(str(empty), "MNIST", "raw") in err
+    assert "Traceback" not in err, err
+
+
+def write_lock(out, pid):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train.lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname(),
+                                                "command": "collectives-train --out elsewhere"}))
+
+
+def test_second_training_on_the_same_out_refuses_naming_the_first(tmp_path, tmp_path_factory):
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        write_lock(tmp_path, first.pid)
+        proc = run_train(["--world-size", "2", "--out", str(tmp_path), *SMALL], mnist_env(tmp_path_factory),
+                         timeout=60)
+    finally:
+        first.kill()
+        first.wait()
+    assert proc.returncode != 0
+    assert f"in use by another training (pid {first.pid}" in proc.stderr, proc.stderr
+    assert (tmp_path / "train.lock").exists()           # the first one's lock is left alone
+
+
+@needs_mnist
+def test_stale_lock_is_taken_over(tmp_path, tmp_path_factory):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    write_lock(tmp_path, int(dead.stdout))
+    proc = run_train(["--world-size", "1", "--out", str(tmp_path), *SMALL], mnist_env(tmp_path_factory))
+    check_ok(proc)
+    assert f"taking over a stale lock in {tmp_path} (pid {int(dead.stdout)}" in proc.stdout
+    assert not (tmp_path / "train.lock").exists()       # released at the end
+
+
+def fake_checkpoint(out, argv, epoch=1, steps=4):
+    """A checkpoint as a run with ``argv`` would leave it after ``epoch`` epochs."""
+    args = train.parse_args(["--out", str(out), *argv])
+    train.save_checkpoint({"model": {}, "optimizer": {}, "epoch": epoch, "step": 0, "global_step": steps,
+                           "rng": [], "python_rng": None, "world_size": 2, "args": vars(args),
+                           "history": [{"epoch": epoch, "steps": steps, "test_accuracy": 0.5}]},
+                          str(out / "checkpoint.pt"))
+
+
+def test_resume_with_other_arguments_is_refused_naming_each(tmp_path, tmp_path_factory):
+    tmp_path.mkdir(exist_ok=True)
+    fake_checkpoint(tmp_path, ["--epochs", "3", "--lr", "0.1", "--seed", "0"])
+    proc = run_train(["--world-size", "2", "--out", str(tmp_path), "--resume", "--epochs", "3",
+                      "--lr", "0.05", "--seed", "7", "--no-progress"], mnist_env(tmp_path_factory), timeout=60)
+    assert proc.returncode != 0
+    assert "--resume refused" in proc.stderr
+    assert "--lr: 0.1 in the checkpoint, 0.05 now" in proc.stderr
+    assert "--seed: 0 in the checkpoint, 7 now" in proc.stderr
+    assert "--epochs" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_resume_may_raise_epochs_but_not_lower_them(tmp_path):
+    fake_checkpoint(tmp_path, ["--epochs", "3"])
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["args"]
+    assert train.resume_differences(saved, train.parse_args(["--out", str(tmp_path), "--epochs", "5"])) == []
+    [line] = train.resume_differences(saved, train.parse_args(["--out", str(tmp_path), "--epochs", "2"]))
+    assert line.startswith("--epochs: 3 in the checkpoint, 2 now")
+    # a different world size, backend or algorithm of the same sum is a new way to run, not a new run
+    assert train.resume_differences(saved, train.parse_args(["--out", str(tmp_path), "--epochs", "3",
+                                                              "--world-size", "3", "--threads", "1"])) == []
+
+
+def test_resume_of_a_finished_run_says_so(tmp_path, tmp_path_factory):
+    fake_checkpoint(tmp_path, ["--epochs", "2"], epoch=2, steps=8)
+    proc = run_train(["--world-size", "2", "--out", str(tmp_path), "--resume", "--epochs", "2",
+                      "--no-progress"], mnist_env(tmp_path_factory), timeout=60)
+    check_ok(proc)
+    assert f"the run in {tmp_path} already finished (2 of 2 epochs, 8 steps, test accuracy 50.00%)" \
+        in proc.stdout and "Raise --epochs" in proc.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has GPUs")

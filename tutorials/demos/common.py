@@ -1,34 +1,19 @@
 """The launcher every demo after chapter 1 uses (chapter 1 spells it out by hand).
 
-``run(fn, world_size, *args)`` starts ``world_size`` processes with
-``torch.multiprocessing.spawn``, joins them into a gloo process group on a free
-port, calls ``fn(rank, world_size, *args)`` in each and returns what each rank
-returned, in rank order. ``fn`` must live in an importable module: the spawn
-start method pickles it by name, which is why notebooks import their demos.
+``run(fn, world_size, *args)`` starts ``world_size`` fresh processes (the spawn
+start method, as ``torch.multiprocessing.spawn`` does), joins them into a gloo
+process group on a free port, calls ``fn(rank, world_size, *args)`` in each and
+returns what each rank returned, in rank order. ``fn`` must live in an
+importable module: the spawn start method pickles it by name, which is why
+notebooks import their demos. It is ``collectives.launch.run_in_group``, the
+launcher the training and the tests use too.
 """
 import contextlib
 import io
-import os
-import time
 
-import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from collectives.launch import free_port
-
-
-def _worker(rank, world_size, port, backend, env, fn, args, results):
-    os.environ.update(env)
-    # Every process would otherwise start one thread per core; N processes
-    # sharing a laptop's cores then mostly wait for each other.
-    torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world_size)
-    try:
-        results.put((rank, fn(rank, world_size, *args)))
-    finally:
-        dist.destroy_process_group()
+from collectives.launch import run_in_group
 
 
 def run(fn, world_size, *args, backend="gloo", env=None, timeout=300):
@@ -50,29 +35,7 @@ def run(fn, world_size, *args, backend="gloo", env=None, timeout=300):
         >>> run(hello, 2)   # hello(rank, world_size) returns f"rank {rank}"
         ['rank 0', 'rank 1']
     """
-    results = mp.get_context("spawn").SimpleQueue()
-    procs = mp.spawn(_worker, args=(world_size, free_port(), backend, env or {}, fn, args, results),
-                     nprocs=world_size, join=False)
-    out, deadline = {}, time.monotonic() + timeout
-    try:
-        # Drain while waiting: a child blocks on a full pipe until its result is read.
-        while True:
-            while not results.empty():
-                rank, value = results.get()
-                out[rank] = value
-            if procs.join(timeout=0.05):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{getattr(fn, '__name__', fn)} on {world_size} ranks did not "
-                                   f"finish in {timeout:g} s")
-    finally:
-        for p in procs.processes:
-            if p.is_alive():
-                p.kill()
-    while not results.empty():
-        rank, value = results.get()
-        out[rank] = value
-    return [out[r] for r in range(world_size)]
+    return run_in_group(fn, world_size, *args, backend=backend, env=env, timeout=timeout)
 
 
 def capture(rank, world_size, demos):
