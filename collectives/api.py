@@ -1,13 +1,24 @@
 """The public collectives: torch.distributed's names and signatures, our algorithms.
 
-Each function validates its arguments on the calling rank before any message
-moves (a bad argument raises there, clearly, instead of deadlocking the
-others), returns at once on ranks outside ``group`` (as torch does), stages
-tensors the backend cannot send directly, and hands the work to the
-process's single communication thread (``engine``) so that ``async_op=True``
-overlaps with the caller and everything completes in issue order.
+Every function follows one path, written once in :class:`_Call` and :func:`_run`:
+
+1. **validate** on the calling rank, before any message moves (a bad argument
+   raises there, clearly, on every rank that passed it, instead of deadlocking
+   the others); ranks outside ``group`` return at once, as torch's do;
+2. **choose** the algorithm (``algorithm=`` or ``tuning.choose`` by size);
+3. **run** it on the group's lane of the engine (in issue order per group,
+   async or blocking), with buffers chosen so that aliased arguments give
+   torch's answer (an input that overlaps an output is read from a private
+   copy), staging what the backend cannot send directly, and each message
+   tagged with the call's number and fingerprint;
+4. **hand back** None (blocking) or a :class:`~collectives.engine.Work` whose
+   future's value is the list of output tensors, as torch's is.
 """
+from __future__ import annotations
+
 import contextlib
+import time
+from typing import List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -15,40 +26,37 @@ from torch.distributed import ReduceOp
 
 from . import debug, reduce_ops, tuning
 from .algorithms import ALGORITHMS, REGISTRY
-from .engine import engine
-from .p2p_communications import Comm
+from .engine import Work, engine
+from .group import GroupInfo, resolve
+from .p2p_communications import Call, CollectiveError, Comm, report_call, timeout_seconds, watched
+
+Group = Union[None, dist.ProcessGroup, GroupInfo]
 
 
 class _Call:
-    """What every collective needs to know about the group it runs on."""
+    """One call's group, validation and staging (steps 1 and 3 of the module's path)."""
 
     def __init__(self, collective, group, algorithm):
         self.collective = collective
         self.where = f"collectives.{collective}"
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError(f"{self.where}: the default process group is not initialised; "
-                             f"call torch.distributed.init_process_group(...) first")
-        # new_group() hands ranks outside the group this marker instead of a group
-        outside = group is dist.GroupMember.NON_GROUP_MEMBER
-        if group is None:
-            group = dist.group.WORLD
-        elif not outside and not isinstance(group, dist.ProcessGroup):
-            raise TypeError(f"{self.where}: group must be a process group from "
-                            f"torch.distributed.new_group(...) or None, got {type(group).__name__}")
+        info = resolve(group, self.where)
         if algorithm is not None and algorithm not in ALGORITHMS[collective]:
             raise ValueError(f"{self.where}: unknown algorithm={algorithm!r}; valid: "
                              f"{', '.join(ALGORITHMS[collective])}")
-        self.group = group
+        self.timeout = timeout_seconds()  # a bad COLLECTIVES_TIMEOUT fails here, before any message
+        self.info = info
         self.algorithm = algorithm
-        self.ranks = [] if outside else dist.get_process_group_ranks(group)
-        self.me = dist.get_rank()
-        self.member = self.me in self.ranks
-        self.size = len(self.ranks)
-        self.backend = backend = str(dist.get_backend(group)) if self.member else ""
+        self.ranks = list(info.ranks)
+        self.member = info.member
+        self.size = info.size
+        self.me = info.ranks[info.rank] if info.member else (dist.get_rank() if dist.is_initialized() else -1)
+        self.backend = backend = info.backend
         self.cpu_ok = "gloo" in backend or not backend
         self.cuda_direct = "nccl" in backend
         self.device = None
         self.copies_in_flight = False   # host<->GPU staging copies issued, not yet waited for
+
+    # -- 1. validate ---------------------------------------------------------------
 
     def check_tensor(self, name, t, like=None, same_shape=True):
         if not isinstance(t, torch.Tensor):
@@ -94,8 +102,8 @@ class _Call:
     def check_root(self, name, root):
         if isinstance(root, bool) or not isinstance(root, int):
             raise TypeError(f"{self.where}: {name} must be an int (a global rank), got {type(root).__name__}")
-        world = dist.get_world_size()
-        if not 0 <= root < world:
+        world = dist.get_world_size() if isinstance(self.info.transport, dist.ProcessGroup) else None
+        if world is not None and not 0 <= root < world:
             raise ValueError(f"{self.where}: {name}={root} is out of range for a world of {world} ranks")
         if root not in self.ranks:
             raise ValueError(f"{self.where}: {name}={root} is not a member of the group (ranks {self.ranks})")
@@ -104,32 +112,39 @@ class _Call:
     def op(self, op, dtype):
         return reduce_ops.resolve(op, dtype, self.where)
 
+    # -- 2. choose -----------------------------------------------------------------
+
     def choose(self, nbytes):
         return self.algorithm or tuning.choose(self.collective, nbytes, self.size)
 
-    def submit(self, algorithm, body, async_op, local=None, **fingerprint):
-        if self.size == 1:
-            # A group of one moves no message: the collective is at most a local copy.
-            # Still through the engine, so it completes after earlier async work.
-            work = engine().submit(local or (lambda: None), f"{self.collective}(local)", async_op)
-            return work if async_op else None
-        debug_on = debug.enabled()
-
-        def run():
-            comm = Comm(self.group, self.collective, algorithm, self.ranks, self.backend, self.me)
-            # the comm thread's current CUDA device is its own: use the tensor's
-            with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
-                if debug_on:
-                    debug.check_agreement(comm, fingerprint)
-                result = body(comm)
-                self.ready()  # the results' copies back to the GPU
-                return result
-        work = engine().submit(run, f"{self.collective}({algorithm})", async_op)
-        return work if async_op else None  # blocking calls return None, as torch's do
+    # -- 3. buffers ----------------------------------------------------------------
 
     def stage(self, t, copy_in=True):
         """``copy_in=False`` for outputs the collective only writes: nothing to copy over."""
         return _Staged(t, self if t.is_cuda and not self.cuda_direct else None, copy_in)
+
+    def inputs(self, tensors, outputs):
+        """Flat, sendable inputs, each read from a private copy if it overlaps an output.
+
+        Torch's collectives read every input before writing any output, so
+        ``all_to_all(x, x)`` or ``all_gather(out, out[rank])`` mean "the values
+        before the call". Our algorithms interleave reads and writes, so an input
+        that shares memory with an output is copied first (only then: the check
+        compares storage spans, no data).
+        """
+        spans = {}
+        for o in outputs:
+            if o.numel():
+                spans.setdefault(_storage(o), []).append(_span(o))
+        flats = []
+        for t in tensors:
+            staged = self.stage(t).flat
+            if spans and t.numel() and staged.data_ptr() == t.data_ptr():  # not already a copy
+                lo, hi = _span(t)
+                if any(lo < b and a < hi for a, b in spans.get(_storage(t), ())):
+                    staged = staged.clone()
+            flats.append(staged)
+        return flats
 
     def ready(self):
         """Wait, once, for every staging copy issued since the last wait.
@@ -141,6 +156,64 @@ class _Call:
         if self.copies_in_flight:
             torch.cuda.current_stream().synchronize()
             self.copies_in_flight = False
+
+
+def _storage(t):
+    return (t.device, t.untyped_storage().data_ptr())
+
+
+def _span(t):
+    """The bytes a (possibly strided) view can touch: [first, last + 1)."""
+    start = t.data_ptr()
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0) + 1
+    return start, start + extent * t.element_size()
+
+
+def _describe(collective, algorithm, fields):
+    """``all_reduce(op=SUM, shape=[4], dtype=float32, algorithm=ring)``: what every rank
+    of a correct program agrees on; it goes into every message's tag."""
+    return debug.describe(collective, algorithm, {k: debug._show(k, v) for k, v in fields.items()
+                                                  if k not in ("sends", "recvs")})
+
+
+def _run(call: _Call, algo: str, body, async_op: bool, nbytes: int, local=None, **fields):
+    """Steps 3 and 4: run ``body(comm)`` (it returns the output tensors) on the group's lane.
+
+    ``local()`` is the whole collective on a group of one (at most a copy).
+    ``fields`` fingerprint the call (op, shape, dtype, root; for all_to_all the
+    element counts): they name it in tags and errors, and ``COLLECTIVES_DEBUG=1``
+    compares them before any data moves.
+    """
+    info, collective = call.info, call.collective
+    description = _describe(collective, algo, fields)
+    debug_on = debug.enabled()
+
+    def execute(seq):
+        start = time.time()
+        profiling = torch.autograd._profiler_enabled()
+        with (torch.profiler.record_function(f"collectives.{collective}({algo})") if profiling
+              else contextlib.nullcontext()), \
+             (torch.cuda.device(call.device) if call.device is not None else contextlib.nullcontext()):
+            # the lane's thread has its own current CUDA device: use the tensor's
+            if call.size == 1:
+                outputs = local()
+            else:
+                comm = Comm(info, collective, algo, seq, description, call.timeout)
+                try:
+                    if debug_on:
+                        debug.check_agreement(comm, fields)
+                    outputs = body(comm)
+                except CollectiveError as exc:
+                    # a timeout, or a peer that closed the connection after its own timeout
+                    if isinstance(exc, debug.DesyncError) or exc.peer is None:
+                        raise
+                    raise debug.explain_timeout(comm, exc) from exc
+                call.ready()  # the results' copies back to the GPU
+        if watched():
+            report_call(Call(collective, algo, seq, tuple(call.ranks), info.rank, nbytes, start, time.time()))
+        return outputs
+    work = engine().submit(execute, f"{collective}({algo})", async_op, info.key)
+    return work if async_op else None  # blocking calls return None, as torch's do
 
 
 class _Staged:
@@ -188,7 +261,14 @@ def _nbytes(t):
     return t.numel() * t.element_size()
 
 
-def broadcast(tensor, src, group=None, async_op=False, algorithm=None):
+def _shapes(tensors):
+    """A list's shapes for a fingerprint: ``4x[2, 3]`` when they agree."""
+    shapes = [list(t.shape) for t in tensors]
+    return f"{len(shapes)}x{shapes[0]}" if shapes and all(s == shapes[0] for s in shapes) else shapes
+
+
+def broadcast(tensor: torch.Tensor, src: int, group: Group = None, async_op: bool = False,
+              algorithm: Optional[str] = None) -> Optional[Work]:
     """Send ``tensor`` from rank ``src`` to every rank of the group, in place.
 
     Args:
@@ -220,11 +300,13 @@ def broadcast(tensor, src, group=None, async_op=False, algorithm=None):
         buf = call.stage(tensor)
         call.ready()
         REGISTRY["broadcast"][algo](comm, buf.flat, root)
-        buf.done()
-    return call.submit(algo, body, async_op, src=src, shape=list(tensor.shape), dtype=tensor.dtype)
+        return [buf.done()]
+    return _run(call, algo, body, async_op, _nbytes(tensor), local=lambda: [tensor],
+                src=src, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
-def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, algorithm=None):
+def reduce(tensor: torch.Tensor, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group = None,
+           async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
     """Reduce ``tensor`` across the group into rank ``dst``'s ``tensor``.
 
     Other ranks' tensors are left unchanged.
@@ -262,11 +344,13 @@ def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, algorithm=N
             if red.average:
                 buf.flat.div_(comm.size)
             buf.done()
-    return call.submit(algo, body, async_op, dst=dst, op=red.name, shape=list(tensor.shape),
-                       dtype=tensor.dtype)
+        return [tensor]
+    return _run(call, algo, body, async_op, _nbytes(tensor), local=lambda: [tensor],
+                dst=dst, op=red.name, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, algorithm=None):
+def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, group: Group = None,
+               async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
     """Reduce ``tensor`` across the group; every rank gets the result, in place.
 
     Every rank ends with bitwise the same tensor, whatever the algorithm.
@@ -300,11 +384,13 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, algorithm=No
         REGISTRY["all_reduce"][algo](comm, buf.flat, red)
         if red.average:
             buf.flat.div_(comm.size)
-        return buf.done()
-    return call.submit(algo, body, async_op, op=red.name, shape=list(tensor.shape), dtype=tensor.dtype)
+        return [buf.done()]
+    return _run(call, algo, body, async_op, _nbytes(tensor), local=lambda: [tensor],
+                op=red.name, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
-def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, algorithm=None):
+def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: int = 0,
+            group: Group = None, async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
     """Send ``scatter_list[i]`` of rank ``src`` to rank i's ``tensor``.
 
     Args:
@@ -336,15 +422,20 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, algori
 
     def body(comm):
         out = call.stage(tensor, copy_in=False)
-        pieces = [call.stage(t).flat for t in scatter_list] if comm.rank == root else None
+        pieces = call.inputs(scatter_list, [tensor]) if comm.rank == root else None
         call.ready()
         REGISTRY["scatter"][algo](comm, out.flat, pieces, root)
-        out.done()
-    return call.submit(algo, body, async_op, local=lambda: _copy(tensor, scatter_list[0]),
-                       src=src, shape=list(tensor.shape), dtype=tensor.dtype)
+        return [out.done()]
+
+    def local():
+        _copy(tensor, scatter_list[0])
+        return [tensor]
+    return _run(call, algo, body, async_op, _nbytes(tensor) * call.size, local=local,
+                src=src, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
-def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, algorithm=None):
+def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = None, dst: int = 0,
+           group: Group = None, async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
     """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst``.
 
     Args:
@@ -374,17 +465,22 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, algorith
     algo = call.choose(_nbytes(tensor) * call.size)
 
     def body(comm):
-        inp = call.stage(tensor)
-        outs = [call.stage(t, copy_in=False) for t in gather_list] if comm.rank == root else None
+        at_root = comm.rank == root
+        inp = call.inputs([tensor], gather_list if at_root else ())[0]
+        outs = [call.stage(t, copy_in=False) for t in gather_list] if at_root else None
         call.ready()
-        REGISTRY["gather"][algo](comm, inp.flat, [o.flat for o in outs] if outs else None, root)
-        for o in outs or ():
-            o.done()
-    return call.submit(algo, body, async_op, local=lambda: _copy(gather_list[0], tensor),
-                       dst=dst, shape=list(tensor.shape), dtype=tensor.dtype)
+        REGISTRY["gather"][algo](comm, inp, [o.flat for o in outs] if outs else None, root)
+        return [o.done() for o in outs] if outs else []
+
+    def local():
+        _copy(gather_list[0], tensor)
+        return list(gather_list)
+    return _run(call, algo, body, async_op, _nbytes(tensor) * call.size, local=local,
+                dst=dst, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
-def all_gather(tensor_list, tensor, group=None, async_op=False, algorithm=None):
+def all_gather(tensor_list: List[torch.Tensor], tensor: torch.Tensor, group: Group = None,
+               async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
     """Collect every rank's ``tensor`` into ``tensor_list`` on every rank.
 
     Args:
@@ -412,17 +508,22 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, algorithm=None):
     algo = call.choose(_nbytes(tensor) * call.size)
 
     def body(comm):
-        inp = call.stage(tensor)
+        inp = call.inputs([tensor], tensor_list)[0]
         outs = [call.stage(t, copy_in=False) for t in tensor_list]
         call.ready()
-        REGISTRY["all_gather"][algo](comm, [o.flat for o in outs], inp.flat)
-        for o in outs:
-            o.done()
-    return call.submit(algo, body, async_op, local=lambda: _copy(tensor_list[0], tensor),
-                       shape=list(tensor.shape), dtype=tensor.dtype)
+        REGISTRY["all_gather"][algo](comm, [o.flat for o in outs], inp)
+        return [o.done() for o in outs]
+
+    def local():
+        _copy(tensor_list[0], tensor)
+        return list(tensor_list)
+    return _run(call, algo, body, async_op, _nbytes(tensor) * call.size, local=local,
+                shape=_shapes(tensor_list), dtype=tensor.dtype)
 
 
-def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, algorithm=None):
+def reduce_scatter(output: torch.Tensor, input_list: List[torch.Tensor], op: ReduceOp = ReduceOp.SUM,
+                   group: Group = None, async_op: bool = False,
+                   algorithm: Optional[str] = None) -> Optional[Work]:
     """Reduce ``input_list`` across the group; rank i gets the reduction of entry i.
 
     Args:
@@ -452,18 +553,24 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     algo = call.choose(_nbytes(output) * call.size)
 
     def body(comm):
+        ins = call.inputs(input_list, [output])
         out = call.stage(output, copy_in=False)
-        ins = [call.stage(t).flat for t in input_list]
         call.ready()
         REGISTRY["reduce_scatter"][algo](comm, out.flat, ins, red)
         if red.average:
             out.flat.div_(comm.size)
-        out.done()
-    return call.submit(algo, body, async_op, local=lambda: _copy(output, input_list[0]),
-                       op=red.name, shape=list(output.shape), dtype=output.dtype)
+        return [out.done()]
+
+    def local():
+        _copy(output, input_list[0])
+        return [output]
+    return _run(call, algo, body, async_op, _nbytes(output) * call.size, local=local,
+                op=red.name, shape=_shapes(input_list), dtype=output.dtype)
 
 
-def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, algorithm=None):
+def all_to_all(output_tensor_list: List[torch.Tensor], input_tensor_list: List[torch.Tensor],
+               group: Group = None, async_op: bool = False,
+               algorithm: Optional[str] = None) -> Optional[Work]:
     """Rank i sends ``input_tensor_list[j]`` to rank j, which stores it in ``output_tensor_list[i]``.
 
     Args:
@@ -496,19 +603,21 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     algo = call.choose(sum(_nbytes(t) for t in input_tensor_list))
 
     def body(comm):
-        ins = [call.stage(t).flat for t in input_tensor_list]
+        ins = call.inputs(input_tensor_list, output_tensor_list)
         outs = [call.stage(t, copy_in=False) for t in output_tensor_list]
         call.ready()
         REGISTRY["all_to_all"][algo](comm, [o.flat for o in outs], ins)
-        for o in outs:
-            o.done()
-    return call.submit(algo, body, async_op, dtype=like.dtype,
-                       local=lambda: _copy(output_tensor_list[0], input_tensor_list[0]),
-                       sends=[t.numel() for t in input_tensor_list],
-                       recvs=[t.numel() for t in output_tensor_list])
+        return [o.done() for o in outs]
+
+    def local():
+        _copy(output_tensor_list[0], input_tensor_list[0])
+        return list(output_tensor_list)
+    return _run(call, algo, body, async_op, sum(_nbytes(t) for t in input_tensor_list), local=local,
+                dtype=like.dtype, sends=[t.numel() for t in input_tensor_list],
+                recvs=[t.numel() for t in output_tensor_list])
 
 
-def barrier(group=None, async_op=False, algorithm=None):
+def barrier(group: Group = None, async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
     """Block until every rank of the group has entered the barrier.
 
     Args:
@@ -528,4 +637,12 @@ def barrier(group=None, async_op=False, algorithm=None):
     if not call.member:
         return None
     algo = call.choose(0)
-    return call.submit(algo, lambda comm: REGISTRY["barrier"][algo](comm), async_op)
+
+    def body(comm):
+        REGISTRY["barrier"][algo](comm)
+        return []
+    return _run(call, algo, body, async_op, 0, local=lambda: [])
+
+
+__all__ = ["broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "reduce_scatter",
+           "all_to_all", "barrier"]

@@ -32,7 +32,9 @@ def ddp_comm_hook(algorithm=None):
         tensor = bucket.buffer()
         tensor.div_(dist.get_world_size(state))
         work = api.all_reduce(tensor, group=state, async_op=True, algorithm=algorithm)
-        return work.get_future()
+        # a collective's future holds its outputs as a list, as torch's does; DDP wants the
+        # bucket's tensor, so unwrap it the way torch's own allreduce_hook does
+        return work.get_future().then(lambda fut: fut.value()[0])
 
     hook.__name__ = f"collectives_all_reduce_hook({algorithm or 'auto'})"
     return hook

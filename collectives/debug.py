@@ -1,8 +1,20 @@
-"""Desync detection (``COLLECTIVES_DEBUG=1``).
+"""Desync detection: always on through the tags, eager with ``COLLECTIVES_DEBUG=1``.
 
 The most common distributed hang: ranks call different collectives, or the
-same one with different shapes, roots or ops, and wait for each other forever.
-With the variable set, each collective first exchanges a fingerprint of the
+same one with different shapes, roots or ops, and wait for each other forever
+(or, worse, pair up and return garbage). Two mechanisms catch it:
+
+**Always on.** Every message's tag carries a hash of its call (the door,
+``p2p_communications.Comm.tag``), so messages of different calls never pair:
+the ranks wait instead. When a wait times out, :func:`explain_timeout` asks
+every member of the group, through the rendezvous store, which call it is
+stuck in. A member stuck in another call makes every rank raise
+:class:`DesyncError` naming both calls; a member that does not answer at all
+(stopped, dead, busy on another group) is named in the timeout error, instead
+of the neighbour that merely forwarded its silence. This costs nothing until a
+wait times out (``benchmarks/desync_cost.py`` measures the hash).
+
+**Eager, with the variable set.** Each collective first exchanges a fingerprint of the
 call (sequence number on this group, collective, algorithm, op, dtype, shape,
 root; for ``all_to_all`` the element counts sent to and expected from each
 rank) with every other rank of the group, over point-to-point messages, before
@@ -15,7 +27,8 @@ any data moves. If any two disagree, every rank of the group raises the same
       ranks 0, 1: all_reduce(op=SUM, shape=[4, 4], dtype=float32, algorithm=ring)
       rank 2: broadcast(src=0, shape=[4], dtype=float32, algorithm=binomial_tree)
 
-Nothing has moved when it raises, so the group stays usable. A rank that
+Nothing has moved when it raises, so the group stays usable (a timeout, by
+contrast, leaves gloo's connections closed: create a new group after one). A rank that
 never arrives (dead, or in a collective on another group) makes the others
 raise ``CollectiveTimeout`` from the check itself ("desync check" in the
 algorithm's place).
@@ -23,24 +36,21 @@ algorithm's place).
 Cost: off (the default) it is one environment lookup per call. On, each call
 adds one round in which every rank sends a 1 KiB (plus 16 bytes per rank)
 message to every other rank: N(N-1) small messages, a latency the benchmark
-(``python -m collectives.bench --debug``) measures.
+(``python -m benchmarks.desync_cost --debug``) measures.
 """
 import hashlib
 import json
 import os
+import threading
+import time
 
 import torch
 
-from .p2p_communications import CollectiveError
+from .p2p_communications import MAX_STEP, CollectiveError, CollectiveTimeout
 
 HEADER_BYTES = 1024
-_CHECK_STEP = 0x7FFF0000   # a tag no algorithm step reaches
+_CHECK_STEP = MAX_STEP     # a step no algorithm reaches
 _MAX_SHOWN = 700           # characters of a call's description that travel; a digest covers all
-
-# Calls checked so far per group (by the group's name, unique in the process):
-# the sequence number that tells "rank 2 skipped a call" from "rank 2 called
-# something else".
-_sequence = {}
 
 
 class DesyncError(CollectiveError):
@@ -98,9 +108,7 @@ def check_agreement(comm, fingerprint):
     n = comm.size
     sends, recvs = fingerprint.get("sends"), fingerprint.get("recvs")
     counts = list(sends or [-1] * n) + list(recvs or [-1] * n)
-    key = getattr(comm.group, "group_name", None) or tuple(comm.ranks)
-    seq = _sequence.get(key, 0)
-    _sequence[key] = seq + 1
+    seq = comm.seq  # the engine's number for this call on this group: tells "skipped" from "other"
 
     buf = _encode(seq, describe(comm.collective, comm.algorithm, fields), counts, n)
     if comm.nccl:
@@ -109,8 +117,9 @@ def check_agreement(comm, fingerprint):
     real_algorithm = comm.algorithm
     comm.algorithm = f"{real_algorithm}, desync check"
     try:
-        comm.exchange(_CHECK_STEP, sends=[(buf, p) for p in boxes],
-                      recvs=[(b, p) for p, b in boxes.items()])
+        # tagged by step only: these must pair even when the calls differ
+        comm.post(_CHECK_STEP, sends=[(buf, p) for p in boxes],
+                  recvs=[(b, p) for p, b in boxes.items()], tagged=False).wait()
     finally:
         comm.algorithm = real_algorithm
     calls = {comm.rank: _decode(buf, n)}
@@ -118,7 +127,7 @@ def check_agreement(comm, fingerprint):
     problem = _disagreement(calls, comm.ranks)
     if problem:
         raise DesyncError(f"collectives: ranks disagree on call #{seq} on the group of ranks "
-                          f"{comm.ranks}: {problem}")
+                          f"{list(comm.ranks)}: {problem}")
 
 
 def _disagreement(calls, ranks):
@@ -151,3 +160,85 @@ def _disagreement(calls, ranks):
     if mismatched:
         return "the call agrees but the sizes do not:\n  " + "\n  ".join(mismatched)
     return None
+
+
+def _grace(timeout):
+    """How long a timed-out rank waits for the others to say where they are stuck.
+
+    They started waiting at about the same moment (a mismatch stalls every rank
+    of the call at once), so they time out within a step of each other.
+    """
+    return min(10.0, max(2.0, 0.2 * timeout))
+
+
+def explain_timeout(comm, exc):
+    """Turn a timeout inside a call (or a peer that hung up after its own timeout)
+    into the error that says what really happened.
+
+    Every timed-out member writes ``{seq, call, waiting_on}`` to the store under
+    the group's key, then reads the others' for a short grace period. Returns a
+    :class:`DesyncError` if some member is stuck in a different call (or another
+    call number), a :class:`CollectiveTimeout` naming the members that never
+    answered, or ``exc`` itself when every member is stuck in this same call.
+    """
+    info = comm.info
+    if info.store is None or comm.seq is None:
+        return exc
+    me = comm.ranks[comm.rank]
+    grace = _grace(comm.timeout)
+    mine = {"seq": comm.seq, "call": comm.call, "waiting_on": exc.peer}
+    prefix = f"collectives/stuck/{info.key}/"
+    answers, failure = {}, []
+
+    def ask():
+        # The store is a server on one rank (usually 0): if that rank is the one
+        # that stopped, these calls block, so they run on a thread with a bound.
+        try:
+            store = info.store
+            store.set(prefix + str(me), json.dumps(mine))
+            keys = {r: prefix + str(r) for r in info.ranks if r != me}
+            deadline = time.monotonic() + grace
+            while keys and time.monotonic() < deadline:
+                for r, key in list(keys.items()):
+                    if store.check([key]):
+                        answers[r] = json.loads(store.get(key))
+                        del keys[r]
+                if keys:
+                    time.sleep(0.05)
+            # Say "read", and wait for the others' "read": the rank that hosts the
+            # store must not raise and exit before its peers have read its answer.
+            store.set(prefix + str(me) + "/read", "1")
+            reads = [prefix + str(r) + "/read" for r in answers]
+            while reads and time.monotonic() < deadline + 2.0 and not store.check(reads):
+                time.sleep(0.05)
+        except Exception as store_exc:  # the store is gone too: say so below
+            failure.append(store_exc)
+    helper = threading.Thread(target=ask, daemon=True, name="collectives-explain")
+    helper.start()
+    helper.join(grace + 4.0)
+    if not answers and (helper.is_alive() or failure):
+        return type(exc)(
+            f"{exc} The rendezvous store did not answer either, so its host (usually rank 0, the "
+            f"rank at MASTER_ADDR) is most likely the rank that stopped or died.", exc.peer, comm)
+    others = {r: a for r, a in answers.items() if (a["seq"], a["call"]) != (comm.seq, comm.call)}
+    if others:
+        lines = [f"rank {me}: call #{comm.seq} {comm.call}"]
+        lines += [f"rank {r}: call #{a['seq']} {a['call']}" for r, a in sorted(others.items())]
+        r, a = min(others.items())
+        skipped = " (a rank skipped or added a collective on this group)" if a["seq"] != comm.seq else ""
+        return DesyncError(
+            f"collectives: ranks disagree on the group of ranks {list(info.ranks)}: rank {r} is in "
+            f"call #{a['seq']} {a['call']} while rank {me} is in call #{comm.seq} {comm.call}{skipped}. "
+            f"Messages of different calls never pair, so both waited {comm.timeout:g} s "
+            f"(COLLECTIVES_TIMEOUT).\n  " + "\n  ".join(lines))
+    silent = [r for r in info.ranks if r != me and r not in answers]
+    if silent:
+        who = ", ".join(map(str, silent))
+        via = (f" This rank was waiting on rank {exc.peer}, which is itself stuck waiting: it only "
+               f"passed the silence on." if exc.peer not in silent and exc.peer is not None else "")
+        kind = CollectiveTimeout if isinstance(exc, CollectiveTimeout) else CollectiveError
+        return kind(
+            f"collectives: rank{'s' if len(silent) > 1 else ''} {who} of the group {list(info.ranks)} "
+            f"never answered in call #{comm.seq} {comm.call}: stopped (SIGSTOP, a debugger), dead, "
+            f"or busy elsewhere (computing, or blocked in a call on another group).{via} ({exc})", silent[0], comm)
+    return exc

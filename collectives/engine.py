@@ -1,18 +1,36 @@
-"""One communication thread per process, running collectives in issue order.
+"""One communication thread per group, running that group's collectives in issue order.
 
 ``async_op=True`` must return at once and let the caller compute while the
 messages move; ``async_op=False`` must block. Both kinds, mixed in any order,
-must complete in the order they were issued, because every rank of a group has
-to see the same sequence of collectives. A single FIFO worker thread gives all
-of that: async calls are queued and return a :class:`Work` handle; a blocking
-call runs inline when nothing is queued (no thread hop on the fast path) and
-otherwise queues behind the earlier work and waits for its own turn.
+must complete in the order they were issued *on each group*, because every
+member of a group has to see the same sequence of collectives on it. Different
+groups must not wait for each other: ranks 0 and 1 may run an async call on
+group A and then a blocking one on B while ranks 2 and 3 do B then A, and
+torch completes that. So each group gets its own lane: a FIFO queue and a
+thread. A blocking call runs inline in the caller when its lane is idle (no
+thread hop on the fast path) and otherwise queues behind the earlier work.
+
+Each lane also numbers its calls (0, 1, 2, ...): the door puts that number in
+every message's tag, so a message of call 5 can never complete a receive of
+call 6 (``p2p_communications``).
+
+Two situations that hang a naive engine are handled here:
+
+* a callback on ``work.get_future().then(cb)`` runs on the lane's thread when
+  the work finishes; if it issues a blocking collective on the same group, that
+  call runs inline right there (the lane is between jobs), instead of queueing
+  behind itself forever;
+* the program exits (or destroys the process group) with async work nobody
+  waited for: at exit the lanes are drained first, with one warning, so no
+  thread is inside the transport while the interpreter tears it down.
 
 The heavy parts of a collective (socket I/O, ``torch.add`` on large buffers)
 release the GIL, so the caller's computation really overlaps.
 """
+import atexit
 import datetime
 import queue
+import sys
 import threading
 
 import torch
@@ -23,7 +41,8 @@ class Work:
 
     ``wait()`` blocks until the collective has finished and re-raises its
     error, if any; ``is_completed()`` asks without blocking; ``get_future()``
-    gives a ``torch.futures.Future`` (what DDP communication hooks return).
+    gives a ``torch.futures.Future`` whose value is the list of output tensors,
+    as torch's is (what DDP communication hooks return).
     """
 
     def __init__(self, description):
@@ -54,6 +73,7 @@ class Work:
         return self._error
 
     def result(self):
+        """The output tensors (a list), as ``get_future().value()`` gives them."""
         self.wait()
         return self._result
 
@@ -70,7 +90,7 @@ class Work:
         if self._error is not None:
             fut.set_exception(self._error)
         else:
-            fut.set_result(self._result)
+            fut.set_result(self._result if self._result is not None else [])
 
     def _finish(self, result=None, error=None):
         with self._lock:
@@ -85,67 +105,120 @@ class Work:
         return f"<collectives.Work {self.description} {state}>"
 
 
-class Engine:
-    """The FIFO runner. One per process (see :func:`engine`)."""
+class _Lane:
+    """The queue, the thread and the call counter of one group."""
 
-    def __init__(self):
-        self._run_lock = threading.Lock()    # held while any collective runs
-        self._state = threading.Condition()
-        self._pending = 0                    # issued and not yet finished
-        self._queue = queue.SimpleQueue()
-        self._thread = None
+    def __init__(self, key):
+        self.key = key
+        self.run_lock = threading.Lock()    # held while one of this group's collectives runs
+        self.state = threading.Condition()
+        self.pending = 0                    # issued and not yet finished
+        self.seq = 0                        # calls issued on this group so far
+        self.queue = queue.SimpleQueue()
+        self.thread = None
 
-    def submit(self, fn, description, async_op):
-        """Run ``fn()`` after all earlier work. Async: return a Work; else: fn's result."""
-        if not async_op:
-            with self._state:
-                inline = self._pending == 0
-                self._pending += 1 if inline else 0
-            if inline:
-                try:
-                    with self._run_lock:
-                        return fn()
-                finally:
-                    self._done_one()
-        work = Work(description)
-        with self._state:
-            self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="collectives-comm", daemon=True)
-                self._thread.start()
-        self._queue.put((fn, work))
-        if async_op:
-            return work
-        work.wait()
-        return work._result
-
-    def _done_one(self):
-        with self._state:
-            self._pending -= 1
-            self._state.notify_all()
-
-    def _loop(self):
+    def loop(self):
         while True:
-            fn, work = self._queue.get()
+            fn, seq, work = self.queue.get()
             try:
-                with self._run_lock:
-                    result = fn()
+                with self.run_lock:
+                    result = fn(seq)
             except BaseException as exc:  # handed to whoever waits on the handle
                 work._finish(error=exc)
             else:
+                # futures' callbacks run here, outside run_lock: a blocking
+                # collective they issue on this group runs inline (see submit)
                 work._finish(result=result)
             finally:
                 # Drop the job while idle: its closure holds the process group, and a
                 # group kept alive here past destroy_process_group() is torn down at
                 # interpreter exit with gloo's threads still running (SIGABRT).
                 fn = work = result = None
-                self._done_one()
+                self.done_one()
 
-    def drain(self):
-        """Block until everything issued so far has finished."""
-        with self._state:
-            while self._pending:
-                self._state.wait()
+    def done_one(self):
+        with self.state:
+            self.pending -= 1
+            self.state.notify_all()
+
+    def drain(self, timeout=None):
+        with self.state:
+            return self.state.wait_for(lambda: self.pending == 0, timeout)
+
+
+class Engine:
+    """The lanes of this process, one per group key (see :func:`engine`)."""
+
+    def __init__(self):
+        self._lanes = {}
+        self._lock = threading.Lock()
+        self._exit_hook = False
+
+    def _lane(self, key):
+        with self._lock:
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = _Lane(key)
+            return lane
+
+    def submit(self, fn, description, async_op, key=""):
+        """Run ``fn(seq)`` after all earlier work on group ``key``; ``seq`` numbers the call.
+
+        Async: return a :class:`Work`. Blocking: return ``fn``'s result.
+        """
+        lane = self._lane(key)
+        on_lane_thread = threading.current_thread() is lane.thread
+        with lane.state:
+            seq = lane.seq
+            lane.seq += 1
+            inline = not async_op and (lane.pending == 0 or on_lane_thread)
+            lane.pending += 1
+        if inline:
+            try:
+                with lane.run_lock:
+                    return fn(seq)
+            finally:
+                lane.done_one()
+        work = Work(description)
+        with lane.state:
+            if lane.thread is None:
+                lane.thread = threading.Thread(target=lane.loop, daemon=True,
+                                               name=f"collectives-comm[{key or 'world'}]")
+                lane.thread.start()
+                self._register_exit_hook()
+        lane.queue.put((fn, seq, work))
+        if async_op:
+            return work
+        work.wait()
+        return work._result
+
+    def pending(self):
+        with self._lock:
+            lanes = list(self._lanes.values())
+        return sum(lane.pending for lane in lanes)
+
+    def drain(self, timeout=None):
+        """Block until everything issued so far has finished; False if ``timeout`` ran out."""
+        with self._lock:
+            lanes = list(self._lanes.values())
+        return all(lane.drain(timeout) for lane in lanes)
+
+    def _register_exit_hook(self):
+        with self._lock:
+            if not self._exit_hook:
+                self._exit_hook = True
+                # registered after init_process_group, so it runs before torch's own exit hooks
+                atexit.register(self._finish_at_exit)
+
+    def _finish_at_exit(self):
+        left = self.pending()
+        if not left:
+            return
+        print(f"collectives: warning: {left} asynchronous collective(s) were never waited for; "
+              f"finishing them before exit (call .wait() on the handles to avoid this)",
+              file=sys.stderr, flush=True)
+        # Each wait inside them is bounded by COLLECTIVES_TIMEOUT, so this ends.
+        self.drain()
 
 
 _engine = None

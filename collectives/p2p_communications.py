@@ -1,14 +1,18 @@
 """The one door to the network.
 
 Every byte that a collective in this package moves goes through :class:`Comm`.
-No other module calls ``torch.distributed.send/recv/isend/irecv`` (except
-``bench_call``, which times bare torch calls against the door on purpose). Keeping the
-door narrow buys four things, each of which lives here and nowhere else:
+No other module calls a transport's ``send``/``recv``. Keeping the door narrow
+buys five things, each of which lives here and nowhere else:
 
 * **group ranks**: algorithms speak in ranks 0..N-1 of their group; the door
-  hands them to the group's own ``send``/``recv`` (which take group ranks) and
-  translates them to global ranks where ``torch.distributed`` wants those
-  (NCCL's ``P2POp``) and for traces and errors.
+  hands them to the group's transport (which takes group ranks) and names global
+  ranks in traces and errors.
+* **tags that identify the call**: every message's tag holds a hash of the call
+  (its number on this group, collective, algorithm, op, dtype, shape, root) and
+  of the message's size, next to the algorithm's step. A receive only matches a
+  send with the same tag, so ranks that called different collectives, or the same
+  one with another size or algorithm, or that skipped a call, never pair: they
+  wait, and the timeout explains what each rank called (``debug``).
 * **timeouts**: every wait is bounded by ``COLLECTIVES_TIMEOUT`` seconds
   (default 300). On expiry the error names the collective, the algorithm, the
   step and the peer, instead of leaving the program hanging.
@@ -16,8 +20,8 @@ door narrow buys four things, each of which lives here and nowhere else:
   they happen in, go to every active :func:`count_traffic` counter. The tests
   use them to prove each algorithm moves exactly the traffic its card claims.
 * **tracing**: :func:`trace` records every message (collective, algorithm,
-  step, src, dst, bytes, start and end time) for the timeline pictures, and
-  ``COLLECTIVES_VERBOSE=1`` (or ``VERBOSE=1``) prints each one as it happens.
+  step, src, dst, bytes, start and end time) and every call, for the timeline
+  pictures and Perfetto, and ``COLLECTIVES_VERBOSE=1`` prints each message.
 
 A send and its matching receive are always *posted together* and then waited
 on together (``Comm.exchange``). Issued one after the other, a blocking send on
@@ -25,15 +29,23 @@ both sides of a pair deadlocks on NCCL and on any transport without buffering.
 """
 import contextlib
 import datetime
+import math
 import os
 import re
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 
-import torch.distributed as dist
+from .group import resolve
 
 DEFAULT_TIMEOUT = 300.0
+MAX_TIMEOUT = 7 * 24 * 3600.0   # a week: beyond it a timedelta wait is no longer a bound anyone means
+
+# A tag is a 31-bit int: the call's hash above STEP_BITS, the algorithm's step below.
+STEP_BITS = 14
+MAX_STEP = (1 << STEP_BITS) - 1
+_CALL_MASK = (1 << (31 - STEP_BITS)) - 1
 
 # Observers (traffic counters and tracers) active in this process. The door is
 # the only place that sees every message, so this is where they are fed.
@@ -41,17 +53,34 @@ _observers = []
 
 
 def timeout_seconds():
-    """The per-wait limit in seconds, read from ``COLLECTIVES_TIMEOUT`` at every call."""
+    """The per-wait limit in seconds, read from ``COLLECTIVES_TIMEOUT``.
+
+    Raises ValueError naming the variable and the accepted range for anything
+    that is not a finite number of seconds in (0, one week].
+    """
     value = os.environ.get("COLLECTIVES_TIMEOUT")
-    if not value:
+    if value is None or not value.strip():
         return DEFAULT_TIMEOUT
     try:
         seconds = float(value)
     except ValueError:
-        raise ValueError(f"COLLECTIVES_TIMEOUT must be a number of seconds, got {value!r}") from None
-    if seconds <= 0:
-        raise ValueError(f"COLLECTIVES_TIMEOUT must be positive, got {value!r}")
+        seconds = float("nan")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
+        raise ValueError(f"COLLECTIVES_TIMEOUT={value!r} is not valid: it must be a finite number "
+                         f"of seconds with 0 < seconds <= {MAX_TIMEOUT:g} (one week); "
+                         f"unset, it is {DEFAULT_TIMEOUT:g}")
     return seconds
+
+
+def call_tags_enabled():
+    """``COLLECTIVES_CALL_TAGS=0`` tags messages by step only, as before the call hash
+    existed: for ``benchmarks/desync_cost.py`` to measure what the hash costs."""
+    return os.environ.get("COLLECTIVES_CALL_TAGS", "1") != "0"
+
+
+def call_hash(text):
+    """The part of every tag that identifies a call: a hash of its description."""
+    return zlib.crc32(text.encode()) & _CALL_MASK
 
 
 def _verbose():
@@ -59,7 +88,15 @@ def _verbose():
 
 
 class CollectiveError(RuntimeError):
-    """A point-to-point message inside a collective failed (peer gone, transport error)."""
+    """A point-to-point message inside a collective failed (peer gone, transport error).
+
+    ``peer`` is the global rank of the other side, ``comm`` the call it was in
+    (None where no message was involved).
+    """
+
+    def __init__(self, text, peer=None, comm=None):
+        super().__init__(text)
+        self.peer, self.comm = peer, comm
 
 
 class CollectiveTimeout(CollectiveError):
@@ -78,6 +115,20 @@ class Message:
     nbytes: int
     start: float
     end: float = float("nan")
+
+
+@dataclass
+class Call:
+    """One collective call as seen by one rank, for traces (a slice around its messages)."""
+    collective: str
+    algorithm: str
+    seq: int
+    ranks: tuple
+    rank: int
+    nbytes: int
+    start: float
+    end: float = float("nan")
+    kind: str = "call"   # beside Message's "send"/"recv", so a filter on kind skips calls
 
 
 @dataclass
@@ -103,12 +154,36 @@ class Traffic:
             self.recv_messages += 1
         self.steps.add((msg.collective, msg.step))
 
+    def _observe_call(self, call):
+        pass
+
 
 class Trace(list):
-    """A list of :class:`Message` records, filled while the tracer is active."""
+    """:class:`Message` and :class:`Call` records, in order, filled while the tracer is active."""
 
     def _observe(self, msg):
         self.append(msg)
+
+    def _observe_call(self, call):
+        self.append(call)
+
+    @property
+    def messages(self):
+        return [r for r in self if isinstance(r, Message)]
+
+    @property
+    def calls(self):
+        return [r for r in self if isinstance(r, Call)]
+
+
+def report_call(call):
+    """Hand a finished :class:`Call` to the active tracers (the API calls this)."""
+    for obs in _observers:
+        obs._observe_call(call)
+
+
+def watched():
+    return bool(_observers)
 
 
 @contextlib.contextmanager
@@ -141,28 +216,29 @@ def trace():
 class Pending:
     """Messages posted by :meth:`Comm.post` and not yet waited for."""
 
-    def __init__(self, comm, step, entries):
-        self.comm, self.step, self.entries = comm, step, entries
+    def __init__(self, comm, step, entries, start):
+        self.comm, self.step, self.entries, self.start = comm, step, entries, start
 
     def wait(self):
+        """Wait for every message; all of them share one deadline of ``COLLECTIVES_TIMEOUT``."""
         comm = self.comm
-        watched = comm.verbose or _observers
-        for work, kind, peer, nbytes, start in self.entries:
+        deadline = time.monotonic() + comm.timeout
+        for work, kind, peer, nbytes in self.entries:
             try:
+                left = max(deadline - time.monotonic(), 0.001)
                 if comm.nccl:
                     # NCCL's wait() only orders streams; poll so the CPU side is bounded too.
-                    deadline = time.monotonic() + comm.timeout
                     while not work.is_completed():
                         if time.monotonic() > deadline:
                             raise TimeoutError("no completion")
                         time.sleep(0)
                     work.wait()
                 else:
-                    work.wait(timeout=comm.wait_limit)
+                    work.wait(timeout=datetime.timedelta(seconds=left))
             except Exception as exc:
-                raise comm._failure(comm._message(self.step, kind, peer, nbytes, start), peer, exc) from exc
-            if watched:
-                comm._report(comm._message(self.step, kind, peer, nbytes, start, time.time()))
+                raise comm._failure(comm._message(self.step, kind, peer, nbytes, self.start), peer, exc) from exc
+            if _observers or comm.verbose:
+                comm._report(comm._message(self.step, kind, peer, nbytes, self.start, time.time()))
         self.entries = []
 
 
@@ -171,38 +247,58 @@ class Comm:
 
     Algorithms get a ``Comm`` and use ``comm.rank`` and ``comm.size`` (ranks of
     the group, 0..N-1) and the messaging methods below, whose ``peer``
-    arguments are group ranks. Tensors must be contiguous; empty tensors are
-    not sent at all (both sides know the sizes, so both skip them).
+    arguments are group ranks and whose ``step`` is a small int (< 2**14) that
+    both sides of a message agree on. Tensors must be contiguous; empty tensors
+    are not sent at all (both sides know the sizes, so both skip them).
+
+    Args:
+        group: None (the world), a torch ``ProcessGroup``, or a
+            :class:`~collectives.group.GroupInfo`.
+        collective, algorithm: names, for tags, traces and errors.
+        seq: the call's number on this group (the engine counts); None outside a call.
+        call: the call's description, which every rank of a correct program agrees
+            on (``all_reduce(op=SUM, shape=[4], dtype=float32, algorithm=ring)``).
     """
 
-    def __init__(self, group, collective, algorithm, ranks=None, backend=None, me=None):
-        """``ranks``, ``backend`` and ``me`` (this process's global rank) may be passed
-        by a caller that already knows them; otherwise they are looked up."""
-        self.group = dist.group.WORLD if group is None else group
-        self.ranks = ranks if ranks is not None else _group_ranks(self.group)
-        self.rank = self.ranks.index(dist.get_rank() if me is None else me)
-        self.size = len(self.ranks)
+    def __init__(self, group, collective, algorithm, seq=None, call=None, timeout=None):
+        info = resolve(group, f"collectives.{collective}")
+        self.info = info
+        self.group = info.transport
+        self.ranks = info.ranks
+        self.rank = info.rank
+        self.size = info.size
         self.collective = collective
         self.algorithm = algorithm
-        # read once per collective call, not per message: an os.environ lookup
-        # costs ~2 us on an idle core here (more on a busy one), which a 4 KiB
-        # exchange (~250 us) feels when it is paid per message
-        self.timeout = timeout_seconds()
-        self.wait_limit = datetime.timedelta(seconds=self.timeout)
+        self.seq = seq
+        self.call = call or f"{collective}(algorithm={algorithm})"
+        # read once per call, not per message (an environment lookup costs ~2 us)
+        self.timeout = timeout_seconds() if timeout is None else timeout
         self.verbose = _verbose()
-        self.backend = backend if backend is not None else str(dist.get_backend(self.group))
-        self.nccl = "nccl" in self.backend
+        self.backend = info.backend
+        self.nccl = "nccl" in info.backend
+        self.call_tag = call_hash(f"{seq}|{self.call}") if call_tags_enabled() else None
 
-    def post(self, step, sends=(), recvs=()):
-        """Post sends ``[(tensor, peer)]`` and receives ``[(tensor, peer)]`` at once.
+    def tag(self, step, nbytes):
+        """The message's tag: which call, how many bytes, which step.
 
-        Everything is checked first and then posted back to back. On 2 shared
-        cores a gap between posting a receive and its paired send lets the
-        scheduler run the peer's I/O thread in between, and each Python call
-        here costs ~2 us; both show in a 4 KiB exchange of ~300 us
-        (docs/benchmarks.md, "The door's cost"). So :class:`Message` records
-        are built only when someone watches (a tracer, a counter, VERBOSE) or
-        an error has to name the message.
+        The size is in the tag because gloo lets a 16-byte send fill the first
+        16 bytes of a 32-byte receive without a word: with it, a size mismatch
+        waits (and is explained) instead of returning half-written data.
+        """
+        if not 0 <= step <= MAX_STEP:
+            raise ValueError(f"{self.collective}/{self.algorithm}: step {step} does not fit in a tag "
+                             f"(0..{MAX_STEP})")
+        if self.call_tag is None:
+            return step
+        return (((self.call_tag ^ (nbytes * 0x9E3779B1 >> 7)) & _CALL_MASK) << STEP_BITS) | step
+
+    def post(self, step, sends=(), recvs=(), tagged=True):
+        """Post receives ``[(tensor, peer)]`` and sends ``[(tensor, peer)]`` back to back.
+
+        Everything is checked before the first message is posted, so a bad
+        tensor raises here with nothing half-sent. ``tagged=False`` tags by step
+        only: for the desync check, whose messages must pair even when the calls
+        around them differ.
         """
         todo = []
         for kind, pairs in (("recv", recvs), ("send", sends)):
@@ -216,24 +312,29 @@ class Comm:
                     # gloo would write() from a device pointer and abort the whole process
                     raise ValueError(f"the point-to-point door got a CUDA tensor on a {self.backend} "
                                      f"group, which sends host memory only: stage it to the CPU first")
-                todo.append((kind, tensor, peer, nbytes))
-        group, tag, start, works = self.group, step & 0x7FFFFFFF, time.time(), []
+                todo.append((kind, tensor, peer, nbytes, self.tag(step, nbytes) if tagged else step))
+        start = time.time()
         if self.nccl:
-            p2p_group = None if group is dist.group.WORLD else group
-            ops = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, tensor, self.ranks[peer], p2p_group)
-                   for kind, tensor, peer, _ in todo]
-            works = dist.batch_isend_irecv(ops) if ops else []
+            works = self._post_nccl(todo)
         else:
-            # dist.isend(t, dst, group, tag) checks its arguments, maps dst to a group
-            # rank and calls group.send([t], group_rank, tag). The checks are made
-            # above and peer already is a group rank, so the door calls the group.
-            for kind, tensor, peer, nbytes in todo:
+            works = []
+            for kind, tensor, peer, nbytes, tag in todo:
                 try:
-                    works.append((group.send if kind == "send" else group.recv)([tensor], peer, tag))
+                    post = self.group.send if kind == "send" else self.group.recv
+                    works.append(post([tensor], peer, tag))
                 except Exception as exc:
                     raise self._failure(self._message(step, kind, peer, nbytes, start), peer, exc) from exc
-        return Pending(self, step, [(work, kind, peer, nbytes, start)
-                                    for work, (kind, _, peer, nbytes) in zip(works, todo)])
+        return Pending(self, step, [(work, kind, peer, nbytes)
+                                    for work, (kind, _, peer, nbytes, _) in zip(works, todo)], start)
+
+    def _post_nccl(self, todo):
+        """NCCL pairs messages by order, not tag, and wants them batched (``batch_isend_irecv``)."""
+        import torch.distributed as dist
+        group = self.group
+        p2p_group = None if group is dist.group.WORLD else group
+        ops = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, tensor, self.ranks[peer], p2p_group)
+               for kind, tensor, peer, _, _ in todo]
+        return dist.batch_isend_irecv(ops) if ops else []
 
     def _message(self, step, kind, peer, nbytes, start, end=float("nan")):
         me, other = self.ranks[self.rank], self.ranks[peer]
@@ -273,10 +374,10 @@ class Comm:
                 f"{where}timed out after {self.timeout:g} s waiting {what} {msg.nbytes} bytes "
                 f"{'to' if msg.kind == 'send' else 'from'} {peer_text}. The peer may have called a "
                 f"different collective, passed a different size, failed validation or died. "
-                f"COLLECTIVES_TIMEOUT sets the limit; COLLECTIVES_DEBUG=1 checks that ranks agree.")
+                f"COLLECTIVES_TIMEOUT sets the limit.", self.ranks[peer], self)
         return CollectiveError(f"{where}failed {what} {msg.nbytes} bytes "
                                f"{'to' if msg.kind == 'send' else 'from'} {peer_text}: "
-                               f"{_explain(text, peer_text)}")
+                               f"{_explain(text, peer_text)}", self.ranks[peer], self)
 
 
 def _explain(text, peer_text):
@@ -289,9 +390,3 @@ def _explain(text, peer_text):
         return (f"{peer_text} closed the connection: it exited, or gave up on this group after "
                 f"its own error or timeout ({brief})")
     return brief
-
-
-def _group_ranks(group):
-    if group is None or group is dist.group.WORLD:
-        return list(range(dist.get_world_size()))
-    return dist.get_process_group_ranks(group)

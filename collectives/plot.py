@@ -3,7 +3,8 @@
 Every function takes the records of :func:`collectives.trace` from *all* ranks
 (gather them, e.g. with ``torch.distributed.gather_object``, and concatenate):
 a message appears twice, as a ``send`` on its source and a ``recv`` on its
-destination. Each function draws on a given ``ax`` (or a new figure) and
+destination. :func:`timeline` draws from the same data as the Perfetto trace
+(:mod:`collectives.perfetto`), and also takes such a trace. Each function draws on a given ``ax`` (or a new figure) and
 returns what it drew on, so notebooks show it and scripts save it.
 
 Example::
@@ -15,10 +16,13 @@ Example::
     >>> ax = collectives.plot.timeline(sum(everyone, []))          # on rank 0
     >>> ax.figure.savefig("ring.png")
 """
-from collections import defaultdict
+import json
 
 import matplotlib.pyplot as plt
 from matplotlib.colors import ListedColormap
+
+from . import perfetto
+from .perfetto import pair_messages  # noqa: F401  (matches sends to receives; here for old callers)
 
 
 def _axes(ax, figsize):
@@ -27,71 +31,91 @@ def _axes(ax, figsize):
     return ax
 
 
-def pair_messages(messages):
-    """Match each send with its receive: list of (send, recv) records, in send order.
-
-    Records match on (collective, algorithm, step, src, dst, nbytes); repeated
-    keys (the same collective twice) pair up in order of start time.
-    """
-    recvs = defaultdict(list)
-    for m in sorted(messages, key=lambda m: m.start):
-        if m.kind == "recv":
-            recvs[(m.collective, m.algorithm, m.step, m.src, m.dst, m.nbytes)].append(m)
-    pairs = []
-    for m in sorted(messages, key=lambda m: m.start):
-        if m.kind == "send":
-            waiting = recvs[(m.collective, m.algorithm, m.step, m.src, m.dst, m.nbytes)]
-            if waiting:
-                pairs.append((m, waiting.pop(0)))
-    return pairs
-
-
 def ranks_of(messages):
+    """Every rank that sent or received one of ``messages`` (other records are ignored)."""
+    messages = perfetto.messages_only(messages)
     return sorted({m.src for m in messages} | {m.dst for m in messages})
+
+
+def _as_trace(data):
+    """A Chrome trace dict from records, a {rank: records} mapping, a trace dict or a path to one."""
+    if isinstance(data, str):
+        with open(data) as f:
+            return json.load(f)
+    if isinstance(data, dict) and "traceEvents" in data:
+        return data
+    return perfetto.to_chrome_trace(data)
 
 
 def timeline(messages, ax=None, title=None, color_by="step", events=()):
     """Sequence diagram: one lane per rank, one arrow per message, from send to arrival.
 
-    Thin bars on a lane show how long that rank's send or receive was
-    outstanding. Arrows are coloured by ``color_by`` ("step" or "collective").
+    Drawn from the same data a Perfetto trace holds (:mod:`collectives.perfetto`):
+    thin bars on a lane show how long that rank's send (above the lane) or
+    receive (below) was outstanding, grey boxes behind them the collective
+    calls, outlined boxes at the top of a lane the spans the program marked
+    (forward, backward, ...), and arrows the flows from each send to its receive. Bars and arrows
+    are coloured by ``color_by`` ("step" or "collective").
 
     Args:
-        messages (list[Message]): Trace records from all ranks.
+        messages: Trace records from all ranks (a list, or {rank: records}), or a
+            trace written by :func:`collectives.perfetto.export_chrome_trace`
+            (its dict, or the path to the JSON file).
         ax (matplotlib Axes, optional): Where to draw; a new figure if None.
         title (str, optional): Axes title.
         color_by (str): "step" (one colour per algorithm step) or "collective".
         events (list[tuple]): Optional ``(rank, time, label)`` marks drawn on the
-            lanes, e.g. when backward ended.
+            lanes, e.g. when backward ended (``time`` in ``time.time()`` seconds).
 
     Returns:
         The Axes.
     """
     ax = _axes(ax, (9, 3.5))
-    if not messages:
+    trace = _as_trace(messages)
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    sends_recvs = [e for e in slices if e["cat"] in ("send", "recv")]
+    if not sends_recvs:
         ax.set_title(title or "no messages")
         return ax
-    t0 = min([m.start for m in messages] + [e[1] for e in events])
+    t0_unix = trace.get("otherData", {}).get("t0_unix_s") or 0.0
+    shift = min([0.0] + [(e[1] - t0_unix) * 1e3 for e in events])
 
-    def ms(t):
-        return (t - t0) * 1e3
-    ranks = ranks_of(messages)
+    def ms(ts_us):
+        return ts_us / 1e3 - shift
+    ranks = sorted({e["pid"] for e in slices})
     lane = {r: i for i, r in enumerate(ranks)}
-    keys = sorted({getattr(m, color_by) for m in messages}, key=str)
+    keys = sorted({e["args"][color_by] for e in sends_recvs}, key=str)
     cmap = plt.get_cmap("tab10" if len(keys) <= 10 else "tab20")
     colour = {k: cmap(i % cmap.N) for i, k in enumerate(keys)}
-    for m in messages:
-        y = lane[m.src if m.kind == "send" else m.dst] + (0.08 if m.kind == "send" else -0.08)
-        ax.plot([ms(m.start), ms(m.end)], [y, y], color=colour[getattr(m, color_by)],
+    for e in slices:
+        if e["cat"] == "collective":
+            ax.add_patch(plt.Rectangle((ms(e["ts"]), lane[e["pid"]] - 0.3), e["dur"] / 1e3, 0.6,
+                                       color="0.85", zorder=0, lw=0))
+        elif e["cat"] == "program":      # spans the program marked (perfetto.span_events)
+            ax.add_patch(plt.Rectangle((ms(e["ts"]), lane[e["pid"]] - 0.45), e["dur"] / 1e3, 0.12,
+                                       facecolor="none", edgecolor="0.4", lw=0.8, zorder=1))
+            ax.text(ms(e["ts"]) + e["dur"] / 2e3, lane[e["pid"]] - 0.39, e["name"].split(" (")[0],
+                    ha="center", va="center", fontsize=6, color="0.3", clip_on=True)
+    for e in sends_recvs:
+        y = lane[e["pid"]] + (0.08 if e["cat"] == "send" else -0.08)
+        ax.plot([ms(e["ts"]), ms(e["ts"] + e["dur"])], [y, y], color=colour[e["args"][color_by]],
                 lw=3, alpha=0.35, solid_capstyle="butt")
-    for send, recv in pair_messages(messages):
-        ax.annotate("", xy=(ms(recv.end), lane[recv.dst]), xytext=(ms(send.start), lane[send.src]),
-                    arrowprops=dict(arrowstyle="->", color=colour[getattr(send, color_by)], lw=1.2))
+    flows = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] in ("s", "f"):
+            flows.setdefault(e["id"], {})[e["ph"]] = e
+    send_at = {(e["pid"], e["tid"], e["ts"]): e for e in sends_recvs if e["cat"] == "send"}
+    for flow in flows.values():
+        start, end = flow["s"], flow["f"]
+        send = send_at.get((start["pid"], start["tid"], start["ts"]))
+        colour_key = send["args"][color_by] if send else keys[0]
+        ax.annotate("", xy=(ms(end["ts"]), lane[end["pid"]]), xytext=(ms(start["ts"]), lane[start["pid"]]),
+                    arrowprops=dict(arrowstyle="->", color=colour[colour_key], lw=1.2))
     handles = [plt.Line2D([], [], color=colour[k], lw=3) for k in keys]
     labels = [f"{color_by} {k}" for k in keys]
     markers = dict(zip(sorted({e[2] for e in events}), "^vsDo*"))
     for label, marker in markers.items():
-        pts = [(ms(t), lane[r]) for r, t, lab in events if lab == label and r in lane]
+        pts = [((t - t0_unix) * 1e3 - shift, lane[r]) for r, t, lab in events if lab == label and r in lane]
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, color="black", s=40, zorder=3)
         handles.append(plt.Line2D([], [], marker=marker, color="black", ls=""))
         labels.append(label)
@@ -102,6 +126,7 @@ def timeline(messages, ax=None, title=None, color_by="step", events=()):
     ax.set_xlabel("time (ms)")
     ax.set_title(title or "messages per rank")
     ax.grid(axis="x", alpha=0.3)
+    ax.autoscale_view()
     return ax
 
 
@@ -127,7 +152,7 @@ def ring_ownership(messages, fig=None):
     Returns:
         (fig, states): the figure and, per step, the N x N grid of counts after it.
     """
-    sends = [m for m in messages if m.kind == "send" and m.collective == "all_reduce"
+    sends = [m for m in perfetto.messages_only(messages) if m.kind == "send" and m.collective == "all_reduce"
              and m.algorithm == "ring"]
     n = len(ranks_of(sends))
     steps = sorted({m.step for m in sends})
@@ -190,7 +215,7 @@ def bytes_per_rank(traces, ax=None, title=None):
     width = 0.8 / max(len(ranks), 1)
     cmap = plt.get_cmap("viridis")
     for j, r in enumerate(ranks):
-        sent = [sum(m.nbytes for m in traces[label] if m.kind == "send" and m.src == r)
+        sent = [sum(m.nbytes for m in perfetto.messages_only(traces[label]) if m.kind == "send" and m.src == r)
                 for label in labels]
         ax.bar([i + (j - (len(ranks) - 1) / 2) * width for i in range(len(labels))], sent, width,
                label=f"rank {r}", color=cmap(j / max(len(ranks) - 1, 1)))

@@ -1,33 +1,49 @@
 """What ``algorithm=None`` picks, from the message size and the group size.
 
-Three sources, first match wins:
+Sources, first match wins:
 
-1. **The measured table** ``tuning_table.json`` (next to this file), written by
-   ``python -m collectives.bench --write-table collectives/tuning_table.json``,
-   or the file ``COLLECTIVES_TUNING_TABLE`` names (a table measured on the
-   machine at hand: choices differ between machines; read at first use):
-   for each collective and each group size the benchmark ran, the fastest
-   algorithm at each measured size. A size between two measured ones takes
-   the nearer one on a log scale; below the smallest, the smallest (small
-   messages are all latency-bound); more than ``BEYOND`` times the largest
-   is left to the model, since a bandwidth-bound regime may begin there.
-2. **The cost model** (``collectives.cost_model``) with the alpha, beta and
-   gamma fitted in the same benchmark run, for group sizes the table lacks.
-3. **Rules of thumb** from the model's shape, when there is no table:
-   latency-bound (small) messages want few steps (trees, recursive doubling);
-   bandwidth-bound (large) ones want few bytes per rank (rings, pipelines).
+1. **This machine's table**, measured by ``python -m benchmarks.tune``
+   (``collectives-tune``) and kept in the per-user cache
+   (``$XDG_CACHE_HOME/collectives/``, else ``~/.cache/collectives/``), one file
+   per machine (host name, CPU model and core count), inside it one table per
+   group size: the fastest algorithm measured at each size. A size between two
+   measured ones takes the nearer one on a log scale; below the smallest, the
+   smallest (small messages are all latency-bound); more than ``BEYOND`` times
+   the largest is left to the model, since a bandwidth-bound regime may begin
+   there.
+2. **The cost model with this machine's parameters** (alpha, beta, gamma that
+   the same tune run fitted; those of the nearest group size measured), for
+   group sizes and message sizes the table does not cover. It predicts each
+   algorithm's time from the cost its module states (``collectives.cost_model``).
+3. **The shipped defaults**: the table packaged next to this file (measured on
+   this project's 2-core machine, with its fitted model), then rules of thumb
+   from the model's shape: latency-bound (small) messages want few steps
+   (trees, recursive doubling), bandwidth-bound (large) ones few bytes per rank
+   (rings, pipelines).
 
-``nbytes`` is the size ``collectives.bench`` and nccl-tests use: the tensor
-for all_reduce, broadcast and reduce; the whole output (N pieces) for
-all_gather and gather; the whole input for reduce_scatter and scatter.
+``COLLECTIVES_TUNING_TABLE=FILE`` names a table to use instead of the first
+and the third (read at first use; a file that cannot be read is an error).
+Which source a choice came from is logged once per group size, at debug level,
+on the ``collectives.tuning`` logger.
+
+``nbytes`` is the size nccl-tests and the benchmarks use: the tensor for
+all_reduce, broadcast and reduce; the whole output (N pieces) for all_gather
+and gather; the whole input for reduce_scatter and scatter.
 """
 import functools
+import hashlib
 import json
+import logging
 import math
 import os
+import platform
+import re
+import socket
 
 from . import cost_model
 from .algorithms import ALGORITHMS
+
+log = logging.getLogger(__name__)
 
 SMALL_BYTES = 64 * 1024
 BEYOND = 4
@@ -35,40 +51,138 @@ TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_ta
 
 
 def table_path():
-    """The table ``algorithm=None`` reads: ``COLLECTIVES_TUNING_TABLE`` if set, else the packaged one."""
+    """The shipped table ``algorithm=None`` falls back to: ``COLLECTIVES_TUNING_TABLE`` if set,
+    else the packaged one."""
     return os.environ.get("COLLECTIVES_TUNING_TABLE") or TABLE_PATH
+
+
+def cache_dir():
+    """Where tuning tables measured on this machine live (per user)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "collectives")
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine():
+    """What identifies this machine's measurements: host name, CPU model, cores."""
+    return {"host": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count()}
+
+
+def machine_key():
+    """A file-name-safe key for :func:`machine` ('host-16cpu-1a2b3c4d5e')."""
+    m = machine()
+    digest = hashlib.sha1(json.dumps(m, sort_keys=True).encode()).hexdigest()[:10]
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", m["host"])[:40]
+    return f"{host}-{m['cores']}cpu-{digest}"
+
+
+def cache_path():
+    """This machine's tuning table in the per-user cache (it may not exist yet)."""
+    return os.path.join(cache_dir(), f"tuning-{machine_key()}.json")
+
+
+def _read(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 @functools.lru_cache(maxsize=None)
 def _table():
+    """The shipped table (or ``COLLECTIVES_TUNING_TABLE``'s)."""
     path = table_path()
     try:
-        with open(path) as f:
-            return json.load(f)
+        return _read(path)
     except (OSError, ValueError) as exc:
         if path != TABLE_PATH:  # a table the user named must exist: a typo would pass unnoticed
             raise ValueError(f"COLLECTIVES_TUNING_TABLE={path}: cannot read a tuning table ({exc})") from None
         return {}
 
 
+@functools.lru_cache(maxsize=None)
+def _cache():
+    """This machine's measured table, or {} if ``collectives-tune`` has not run here."""
+    if os.environ.get("COLLECTIVES_TUNING_TABLE"):
+        return {}
+    try:
+        return _read(cache_path())
+    except (OSError, ValueError):
+        return {}
+
+
+_said = set()
+
+
+def _say(source, group_size):
+    if (source, group_size) not in _said:
+        _said.add((source, group_size))
+        log.debug("algorithm=None on %d ranks: choosing from %s", group_size, source)
+
+
+def reload():
+    """Forget every table read so far (after a new one was written)."""
+    _table.cache_clear()
+    _cache.cache_clear()
+    choose.cache_clear()
+    _said.clear()
+
+
+def _measured(table, collective, nbytes, group_size, names):
+    points = table.get("choices", {}).get(collective, {}).get(str(group_size))
+    if points and nbytes <= BEYOND * max(size for size, _ in points):
+        pick = _nearest(points, nbytes)
+        if pick in names:
+            return pick
+    return None
+
+
+def _model(table, group_size):
+    """The fitted parameters for ``group_size``, else those of the nearest group size measured."""
+    models = table.get("models") or {}
+    if models:
+        return models[min(models, key=lambda n: (abs(int(n) - group_size), -int(n)))]
+    return table.get("model")
+
+
 @functools.lru_cache(maxsize=4096)
 def choose(collective, nbytes, group_size):
     """Name of the default algorithm for ``collective`` with ``nbytes`` on ``group_size`` ranks."""
+    pick, source = explain(collective, nbytes, group_size)
+    _say(source, group_size)
+    return pick
+
+
+def explain(collective, nbytes, group_size):
+    """(algorithm, where the choice came from): what :func:`choose` picks, and why."""
     names = ALGORITHMS[collective]
     if len(names) == 1:
-        return names[0]
-    table = _table()
-    measured = table.get("choices", {}).get(collective, {}).get(str(group_size))
-    if measured and group_size > 1 and nbytes <= BEYOND * max(size for size, _ in measured):
-        pick = _nearest(measured, nbytes)
-        if pick in names:
-            return pick
-    model = table.get("model")
-    if model and group_size > 1:
-        pick = cost_model.best(collective, names, group_size, max(nbytes, 1), model)
-        if pick:
-            return pick
-    return rule_of_thumb(collective, nbytes, group_size)
+        return names[0], "the only algorithm"
+    if group_size > 1:
+        mine, shipped = _cache(), _table()
+        where = f"COLLECTIVES_TUNING_TABLE={table_path()}" if table_path() != TABLE_PATH else \
+            f"the shipped table {TABLE_PATH}"
+        steps = [(mine, _measured, f"the table measured on this machine ({cache_path()})"),
+                 (mine, None, f"the cost model with this machine's parameters ({cache_path()})"),
+                 (shipped, _measured, where),
+                 (shipped, None, f"the cost model with the parameters of {where}")]
+        for table, measured, source in steps:
+            if measured is not None:
+                pick = measured(table, collective, nbytes, group_size, names)
+            else:
+                params = _model(table, group_size)
+                pick = params and cost_model.best(collective, names, group_size, max(nbytes, 1), params)
+            if pick:
+                return pick, source
+    return rule_of_thumb(collective, nbytes, group_size), "rules of thumb"
 
 
 def _nearest(points, nbytes):
@@ -128,21 +242,26 @@ def best_from_rows(rows, near=NEAR):
 
 
 def write_table(path, rows, model, meta):
-    """Merge the fastest algorithms measured in ``rows`` into the table at ``path``."""
+    """Merge the fastest algorithms measured in ``rows`` into the table at ``path``.
+
+    ``model``: {group size: fitted parameters} (may be empty); ``meta``: what was run where.
+    """
     try:
-        with open(path) as f:
-            table = json.load(f)
+        table = _read(path)
     except (OSError, ValueError):
         table = {}
     choices = table.setdefault("choices", {})
     for collective, by_n in best_from_rows(rows).items():
         choices.setdefault(collective, {}).update(by_n)
     if model:
+        table.setdefault("models", {}).update({str(n): params for n, params in model.items()})
         # The model for unmeasured group sizes: the largest world measured is the most typical.
         table["model"] = model[max(model)]
     table.setdefault("measured", []).append(meta)
     table["measured"] = table["measured"][-5:]
-    with open(path, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
-    _table.cache_clear()
-    choose.cache_clear()
+    os.replace(tmp, path)   # a reader never sees half a table
+    reload()

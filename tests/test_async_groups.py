@@ -124,9 +124,10 @@ def async_world(rank, n):
     h3.wait(), h2.wait(), h1.wait()
     out["mixed"] = (a[0].item(), b[0].item(), [o[0].item() for o in outs])
 
-    # 4. get_future for DDP-style hooks
+    # 4. get_future for DDP-style hooks: its value is a list of tensors, as torch's is
     f = collectives.all_reduce(torch.ones(4), async_op=True).get_future()
-    out["future"] = f.wait()[0].item() if hasattr(f.wait(), "__getitem__") else None
+    value = f.wait()
+    out["future"] = value[0][0].item() if isinstance(value, list) and len(value) == 1 else value
     return out
 
 

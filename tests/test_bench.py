@@ -1,85 +1,153 @@
-"""The benchmark runs and checks results; the cost model and algorithm=None behave.
+"""The benchmarks run and check results; the cost model and algorithm=None behave.
 
-No timing is asserted here (targets live in docs/benchmarks.md, measured by
-``python -m collectives.bench``); these tests check that the tool measures
-the right things and that the model and the chooser follow their rules.
+No timing is asserted here (figures live in docs/benchmarks.md, measured by
+``python -m benchmarks.sweep`` and friends); these tests check that the tools
+parse nccl-tests' flags, measure the right things, stay outside the library,
+and that the model and the chooser follow their rules.
 """
+import ast
 import json
 import math
+import os
+import pathlib
 import time
 
 import pytest
 import torch
 
-from collectives import bench, cost_model, tuning
+from benchmarks import common, sweep
+from collectives import cost_model, tuning
 from collectives.algorithms import ALGORITHMS
 
 PARAMS = {"alpha": 50e-6, "beta": 1 / 1.5e9, "gamma": 1 / 5e9}
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def test_bench_smoke_two_ranks(tmp_path):
-    """Tiny sweep on 2 ranks: every row checked against the closed form, outputs written."""
+def test_sweep_smoke_two_ranks(tmp_path, capfd):
+    """Tiny sweep on 2 ranks: every row checked (#wrong 0), the built-in beside it, outputs written."""
     out = tmp_path / "out"
-    table = tmp_path / "table.json"
-    bench.main(["-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "-c", "all_reduce,all_gather,broadcast",
-                "--iters", "2", "-w", "1", "--batch", "1", "--out", str(out),
-                "--write-table", str(table), "--timeout", "120"])
+    sweep.main(["-b", "1K", "-e", "4K", "-f", "4", "--world-size", "2",
+                "--collective", "all_reduce,all_gather,broadcast", "-n", "2", "-w", "1", "--batch", "1",
+                "--model", "--out", str(out), "--timeout", "60"])
+    printed = capfd.readouterr().out
     data = json.loads((out / "results.json").read_text())
     rows = data["rows"]
     for collective in ("all_reduce", "all_gather", "broadcast"):
         labels = {r["algorithm"] for r in rows if r["collective"] == collective}
         assert labels == set(ALGORITHMS[collective]) | {"builtin", "default"}
     assert {r["size"] for r in rows} == {1024, 4096}
-    assert all(r["check"] == "ok" for r in rows)
+    assert all(r["wrong"] == 0 for r in rows)
     for r in rows:
         assert r["time_us"] > 0
-        assert math.isclose(r["busbw_GBps"],
-                            r["algbw_GBps"] * bench.busbw_factor(r["collective"], r["world_size"]))
-        assert (r["vs_builtin"] == 1.0) == (r["algorithm"] == "builtin")
+        assert math.isclose(r["busbw_GBps"], r["algbw_GBps"] * sweep.busbw_factor(r["collective"], 2))
+        assert math.isclose(r["vs_builtin"], r["time_us"] / r["builtin_us"])
         assert (r["default_over_best"] is not None) == (r["algorithm"] == "default")
-    assert data["p2p"] and data["model"]["2"]["alpha"] >= 0 and data["model"]["2"]["beta"] > 0
-    assert (out / "report.md").read_text().count("| all_reduce | 2 |") == 2 * (len(ALGORITHMS["all_reduce"]) + 2)
+        assert r["redop"] == ("sum" if r["collective"] == "all_reduce" else "none")
+        assert r["root"] == (0 if r["collective"] == "broadcast" else -1)
+        assert r["type"] == "float"
+        assert (r.get("predicted_us") is not None) == (r["algorithm"] != "builtin")
+    model = data["meta"]["model"]["2"]
+    assert model["alpha"] >= 0 and model["beta"] > 0
+    assert (out / "p2p.csv").exists() and (out / "results.csv").exists()
+    table_lines = [line for line in printed.splitlines() if line.startswith(" ") and " all_reduce " in line]
+    assert len(table_lines) == 2 * (len(ALGORITHMS["all_reduce"]) + 2)
+    assert "all_reduce, N=2" in (out / "report.md").read_text()
     assert (out / "all_reduce_n2.png").exists() and (out / "model_vs_measured.png").exists()
-    choices = json.loads(table.read_text())["choices"]
-    assert set(choices) == {"all_reduce", "all_gather", "broadcast"}
-    assert all(name in ALGORITHMS["all_reduce"] for _, name in choices["all_reduce"]["2"])
 
 
-@pytest.mark.parametrize("collective", bench.COLLECTIVES)
-def test_case_closed_form_catches_a_wrong_result(collective):
-    """The bench's checker rejects a result that differs in one element (world of 3, rank 0)."""
-    case = bench.Case(collective, 96, torch.float32, bench.OPS["sum"], torch.device("cpu"), 0, 3)
+@pytest.mark.parametrize("collective", sweep.COLLECTIVES)
+def test_case_counts_a_wrong_element(collective):
+    """The checker counts exactly the one element that differs (world of 3, rank 0)."""
+    case = sweep.Case(collective, 96, torch.float32, common.OPS["sum"], torch.device("cpu"), 0, 3)
     name, value = case.expected()
 
     class Fake:
+        def __init__(self, off_by):
+            self.off_by = off_by
+
         def __getattr__(self, attr):
             def run(*args, **kw):
-                b = buffers[0]
-                target = b[name]
+                target = buffers[-1][name]
                 values = value if isinstance(value, list) else [value]
                 targets = target if isinstance(target, list) else [target]
                 for t, v in zip(targets, values):
                     t.copy_(v)
-                targets[-1].view(-1)[-1] += 1
+                targets[-1].view(-1)[-1] += self.off_by
             return run
     buffers = []
     original = case.buffers
     case.buffers = lambda encoded: buffers.append(original(encoded)) or buffers[-1]
-    assert case.check(Fake()) is not None
+    assert case.wrong(Fake(0)) == 0
+    assert case.wrong(Fake(1)) == 1
 
 
 def test_busbw_factors_match_nccl_tests():
-    assert bench.busbw_factor("all_reduce", 4) == 1.5
-    assert bench.busbw_factor("all_gather", 4) == 0.75
-    assert bench.busbw_factor("reduce_scatter", 8) == 7 / 8
-    assert bench.busbw_factor("broadcast", 4) == bench.busbw_factor("reduce", 4) == 1.0
+    assert sweep.busbw_factor("all_reduce", 4) == 1.5
+    assert sweep.busbw_factor("all_gather", 4) == 0.75
+    assert sweep.busbw_factor("reduce_scatter", 8) == 7 / 8
+    assert sweep.busbw_factor("broadcast", 4) == sweep.busbw_factor("reduce", 4) == 1.0
 
 
-def test_sizes_follow_nccl_tests_flags():
-    args = bench.build_parser().parse_args(["-b", "4K", "-e", "64K", "-f", "4"])
-    assert bench.sizes_from(args) == [4096, 16384, 65536]
-    args = bench.build_parser().parse_args(["-b", "1M", "-e", "3M", "-f", "1", "-i", "1M"])
-    assert bench.sizes_from(args) == [1 << 20, 2 << 20, 3 << 20]
+def test_flags_mean_what_they_mean_in_nccl_tests(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    args = sweep.parse_args(["-b", "4K", "-e", "64K", "-f", "4", "-n", "7", "-w", "3", "-c", "0",
+                             "-o", "max", "-d", "half"])
+    assert args.sizes == [4096, 16384, 65536]
+    assert (args.iters, args.warmup_iters, args.check, args.op, args.datatype) == (7, 3, 0, "max", "half")
+    assert common.DTYPES[args.datatype] is torch.float16
+    args = sweep.parse_args(["-b", "1M", "-e", "3M", "-f", "1", "-i", "1M"])
+    assert args.sizes == [1 << 20, 2 << 20, 3 << 20]
+    args = sweep.parse_args(["--collective", "all", "--algorithm", "ring,builtin", "--world-size", "2,4"])
+    assert args.collective == list(sweep.COLLECTIVES)
+    assert args.algorithm == ["ring", "builtin"] and args.world_size == [2, 4]
+    assert sweep.parse_args([]).world_size == [2]
+
+
+@pytest.mark.parametrize("argv", [["-b", "64K", "-e", "4K"], ["-b", "1M", "-e", "2M", "-f", "1", "-i", "0"],
+                                  ["-b", "4X"], ["-o", "xor"], ["-d", "complex"], ["-c", "2"],
+                                  ["--collective", "allreduce"], ["--algorithm", "rign"],
+                                  ["--world-size", "0"], ["--world-size", "two"], ["-n", "0"]])
+def test_bad_flags_are_refused(argv, monkeypatch, capsys):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        sweep.parse_args(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_world_size_comes_from_torchrun(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert sweep.parse_args([]).world_size == [3]
+    assert sweep.parse_args(["--world-size", "3"]).world_size == [3]
+    with pytest.raises(SystemExit, match="torchrun started 3"):
+        sweep.parse_args(["--world-size", "2,4"])
+    assert not common.is_rank0()
+
+
+def test_sizes_and_human():
+    assert [common.parse_size(x) for x in ("4", "4K", "4KB", "1.5K", "64M", "1G")] == \
+        [4, 4096, 4096, 1536, 64 << 20, 1 << 30]
+    assert common.sizes(4096, 4096, 4) == [4096]
+    assert common.human(4096) == "4K" and common.human(3 << 20) == "3M" and common.human(1000) == "1000"
+
+
+def test_the_library_never_imports_benchmarks():
+    """benchmarks/ imports collectives, never the other way round (read from the source, by AST)."""
+    offenders = []
+    for path in sorted((ROOT / "collectives").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names
+                          if n == "benchmarks" or n.startswith("benchmarks.")]
+    assert offenders == []
+    assert not list((ROOT / "collectives").glob("bench*.py")), "benchmarks live in benchmarks/"
 
 
 def test_fit_recovers_alpha_and_beta():
@@ -173,7 +241,7 @@ def test_best_from_rows_prefers_the_steady_winner_among_near_ties():
 
 
 def test_a_table_measured_here_replaces_the_packaged_one(tmp_path, monkeypatch):
-    # python -m collectives.bench --write-table FILE, then COLLECTIVES_TUNING_TABLE=FILE
+    # a table written for this machine, then COLLECTIVES_TUNING_TABLE=FILE
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"choices": {"all_reduce": {"2": [[4096, "naive_ring"], [1 << 20, "ring"]]}}}))
     try:
@@ -194,11 +262,12 @@ def test_a_table_measured_here_replaces_the_packaged_one(tmp_path, monkeypatch):
     assert tuning.table_path() == tuning.TABLE_PATH
 
 
-def test_bench_call_prints_every_layer_for_every_batch(capfd):
+def test_call_overhead_prints_every_layer_for_every_batch(capfd, tmp_path):
     """The call-cost benchmark runs every row at each batch size and restores the API's door."""
-    from collectives import api, bench_call
+    from benchmarks import call_overhead
+    from collectives import api
     from collectives.p2p_communications import Comm
-    bench_call.main(["--world-sizes", "3", "--iters", "2", "--warmup", "1", "--batch", "1", "2"])
+    call_overhead.main(["--world-size", "3", "-n", "2", "-w", "1", "--batch", "1,2", "--out", str(tmp_path)])
     out = capfd.readouterr().out
     rows = ("built-in", "api", "algorithm", "exchange, door", "exchange, torch",
             "exchange, torch + 100 us CPU", "api, no network")
@@ -207,24 +276,27 @@ def test_bench_call_prints_every_layer_for_every_batch(capfd):
     for row in rows:
         assert sum(line.strip().startswith(row + "  ") for line in out.splitlines()) == 2, row
     assert api.Comm is Comm
+    assert len(json.loads((tmp_path / "results.json").read_text())["rows"]) == 2 * len(rows)
 
 
 def test_thread_cpu_charges_the_calling_thread():
-    """bench_cpu's per-thread clock sees 100 ms of busy work in the calling thread."""
-    from collectives.bench_cpu import ROLES, thread_cpu
+    """benchmarks.cpu's per-thread clock sees 100 ms of busy work in the calling thread."""
+    from benchmarks.cpu import ROLES, thread_cpu
     before = thread_cpu()
-    end = time.perf_counter() + 0.1
-    while time.perf_counter() < end:
+    # 100 ms of this thread's CPU (not of wall time: on a loaded machine it gets a fraction of it).
+    end = time.thread_time() + 0.1
+    while time.thread_time() < end:
         pass
     after = thread_cpu()
     assert set(after) == set(ROLES)
     assert sum(after["calling"]) - sum(before["calling"]) >= 0.05
 
 
-def test_bench_cpu_prints_a_row_per_candidate(capfd):
+def test_cpu_prints_a_row_per_candidate(capfd, tmp_path):
     """The per-thread CPU benchmark runs the built-in and each named algorithm and prints them."""
-    from collectives import bench_cpu
-    bench_cpu.main(["-n", "2", "-s", "4K", "-a", "ring,tree", "--rounds", "1", "--calls", "3", "--warmup", "1"])
+    from benchmarks import cpu as bench_cpu
+    bench_cpu.main(["--world-size", "2", "-b", "4K", "--algorithm", "ring,tree", "--rounds", "1", "-n", "3",
+                    "-w", "1", "--out", str(tmp_path)])
     out = capfd.readouterr().out
     assert "all_reduce 4096 B float32, N=2, gloo, 1 rounds x 3 calls" in out
     for name in ("built-in", "ring", "tree"):
@@ -233,3 +305,52 @@ def test_bench_cpu_prints_a_row_per_candidate(capfd):
         assert float(cells[1]) > 0                                   # wall ms per call
         assert len(cells) == 2 + len(bench_cpu.ROLES) + 2            # roles, total, ratio
         assert all(float(x) >= 0 for c in cells[2:2 + len(bench_cpu.ROLES)] for x in c.split("+"))
+
+
+def test_peak_extra_sees_a_short_lived_buffer():
+    """benchmarks.memory's measure: a 32 MiB temporary freed before the call returns still counts."""
+    from benchmarks import memory
+    assert memory.exact_malloc()
+    x = torch.ones(1 << 20)
+    (x.repeat(8) + 1).sum()          # the first call also faults in torch's code pages: warm up
+    extra = memory.peak_extra(lambda: (x.repeat(8) + 1).sum())      # two 32 MiB temporaries at once
+    assert 63 << 20 <= extra <= 66 << 20
+    assert memory.peak_extra(lambda: None) < 1 << 20
+    # Freed blocks go back to the kernel, so a second identical call counts them again.
+    assert memory.peak_extra(lambda: (x.repeat(8) + 1).sum()) >= 63 << 20
+
+
+def test_memory_table_has_every_candidate(tmp_path, capfd):
+    from benchmarks import memory
+    memory.main(["-b", "1M", "--world-size", "2", "-n", "1", "-w", "1", "--algorithm", "builtin,ring,default",
+                 "--out", str(tmp_path)])
+    out = capfd.readouterr().out
+    assert "all_reduce 1M float, N=2: extra peak resident memory per rank" in out
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == ["builtin", "ring", "default"]
+    assert rows[2]["chosen"] in ALGORITHMS["all_reduce"]
+    for r in rows:
+        assert 0 <= r["least_rank_MiB"] <= r["extra_peak_MiB"] < 64
+        assert math.isclose(r["extra_peak_over_S"], r["extra_peak_MiB"] / 1.0)
+
+
+def test_desync_cost_times_both_sides(tmp_path, capfd):
+    from benchmarks import desync_cost
+    assert desync_cost.switch_works()
+    desync_cost.main(["-b", "4K", "--world-size", "2", "-n", "2", "-w", "1", "--batch", "1",
+                      "--algorithm", "ring,default", "--debug", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["world_size"], r["algorithm"]) for r in rows] == [(2, "ring"), (2, "default")]
+    for r in rows:
+        assert r["tags_on_us"] > 0 and r["tags_off_us"] > 0 and r["builtin_us"] > 0
+        assert math.isclose(r["on_over_off"], r["tags_on_us"] / r["tags_off_us"])
+        assert math.isclose(r["debug_over_on"], r["debug_on_us"] / r["tags_on_us"])
+    assert "worst on/off" in capfd.readouterr().out
+
+
+def test_call_tags_switch_restores_the_environment(monkeypatch):
+    from benchmarks import desync_cost
+    monkeypatch.delenv("COLLECTIVES_CALL_TAGS", raising=False)
+    with desync_cost.call_tags(False):
+        assert os.environ["COLLECTIVES_CALL_TAGS"] == "0"
+    assert "COLLECTIVES_CALL_TAGS" not in os.environ

@@ -101,3 +101,34 @@ def test_cost_model_figure_draws_every_algorithm_at_two_sizes():
     fig = make_figures.cost_model_figure()
     assert [len(ax.get_lines()) for ax in fig.axes] == [len(make_figures.ALGORITHMS)] * 2
     plt.close(fig)
+
+
+def test_timeline_draws_a_perfetto_trace_file_the_same_way(tmp_path):
+    """timeline reads the trace JSON perfetto writes: same arrows, lanes, and the program's spans."""
+    from collectives import perfetto
+    messages = ring_messages(4)
+    spans = [(r, "backward", -1e-3, 5e-3) for r in range(4)]
+    path = perfetto.export_chrome_trace(messages, str(tmp_path / "t.json"), spans=spans)
+    ax = plot.timeline(path)
+    arrows = [c for c in ax.texts if getattr(c, "arrow_patch", None) is not None]
+    assert len(arrows) == 24
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"rank {r}" for r in range(4)]
+    labels = [t.get_text() for t in ax.texts if getattr(t, "arrow_patch", None) is None]
+    assert labels.count("backward") == 4
+    assert ax.get_xlim()[0] <= 0.0 and ax.get_xlim()[1] >= 7.0   # spans start 1 ms before the first message
+    plt.close(ax.figure)
+
+
+def test_call_records_in_a_trace_are_drawn_or_ignored():
+    """trace() also yields Call records: every function takes the mixed list."""
+    from collectives.p2p_communications import Call
+    messages = ring_messages(4)
+    mixed = messages + [Call("all_reduce", "ring", 0, (0, 1, 2, 3), r, 64, 0.0, 6e-3) for r in range(4)]
+    _, states = plot.ring_ownership(mixed)
+    assert states == plot.ring_ownership(messages)[1]
+    assert len(plot.pair_messages(mixed)) == 24 and plot.ranks_of(mixed) == [0, 1, 2, 3]
+    ax = plot.bytes_per_rank({"ring": mixed})
+    assert sorted(round(b.get_height()) for b in ax.patches) == [6 * 16] * 4
+    ax = plot.timeline(mixed)
+    assert len([c for c in ax.texts if getattr(c, "arrow_patch", None) is not None]) == 24
+    plt.close("all")

@@ -2,9 +2,15 @@
 
 Each module's docstring is its card: semantics, cost (steps and bytes as a
 formula of N ranks and S bytes), numbered steps, a worked 4-rank example and a
-reference. The functions here work on flat, contiguous tensors and a
+reference. Beside the card, ``cost(n, s, item)`` states the same cost as code
+(``_cost.Cost``: steps, messages, bytes sent, received and reduced, extra
+memory), which the cost model, the automatic choice, the tests and chapter 5
+read. The functions here work on flat, contiguous tensors and a
 :class:`~collectives.p2p_communications.Comm`; ``collectives.api`` does the
 validation, reshaping, staging and dispatch around them.
+
+Adding an algorithm: its module (the function named after the collective, and
+``cost``), one line in ``MODULES``, its test.
 """
 from . import (all_gather_recursive_doubling, all_gather_ring, all_reduce_naive_ring,
                all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring,
@@ -14,49 +20,70 @@ from . import (all_gather_recursive_doubling, all_gather_ring, all_reduce_naive_
                broadcast_scatter_allgather, gather_binomial_tree, gather_linear,
                reduce_binomial_tree, reduce_linear, reduce_scatter_recursive_halving,
                reduce_scatter_ring, scatter_binomial_tree, scatter_linear)
+from ._cost import Cost
 
-REGISTRY = {
+MODULES = {
     "broadcast": {
-        "linear": broadcast_linear.broadcast,
-        "binomial_tree": broadcast_binomial_tree.broadcast,
-        "pipeline": broadcast_pipeline.broadcast,
-        "scatter_allgather": broadcast_scatter_allgather.broadcast,
+        "linear": broadcast_linear,
+        "binomial_tree": broadcast_binomial_tree,
+        "pipeline": broadcast_pipeline,
+        "scatter_allgather": broadcast_scatter_allgather,
     },
     "reduce": {
-        "linear": reduce_linear.reduce,
-        "binomial_tree": reduce_binomial_tree.reduce,
+        "linear": reduce_linear,
+        "binomial_tree": reduce_binomial_tree,
     },
     "all_reduce": {
-        "naive_ring": all_reduce_naive_ring.all_reduce,
-        "ring": all_reduce_ring.all_reduce,
-        "ring_pipelined": all_reduce_ring_pipelined.all_reduce,
-        "recursive_doubling": all_reduce_recursive_doubling.all_reduce,
-        "rabenseifner": all_reduce_rabenseifner.all_reduce,
-        "tree": all_reduce_tree.all_reduce,
+        "naive_ring": all_reduce_naive_ring,
+        "ring": all_reduce_ring,
+        "ring_pipelined": all_reduce_ring_pipelined,
+        "recursive_doubling": all_reduce_recursive_doubling,
+        "rabenseifner": all_reduce_rabenseifner,
+        "tree": all_reduce_tree,
     },
     "scatter": {
-        "linear": scatter_linear.scatter,
-        "binomial_tree": scatter_binomial_tree.scatter,
+        "linear": scatter_linear,
+        "binomial_tree": scatter_binomial_tree,
     },
     "gather": {
-        "linear": gather_linear.gather,
-        "binomial_tree": gather_binomial_tree.gather,
+        "linear": gather_linear,
+        "binomial_tree": gather_binomial_tree,
     },
     "all_gather": {
-        "ring": all_gather_ring.all_gather,
-        "recursive_doubling": all_gather_recursive_doubling.all_gather,
+        "ring": all_gather_ring,
+        "recursive_doubling": all_gather_recursive_doubling,
     },
     "reduce_scatter": {
-        "ring": reduce_scatter_ring.reduce_scatter,
-        "recursive_halving": reduce_scatter_recursive_halving.reduce_scatter,
+        "ring": reduce_scatter_ring,
+        "recursive_halving": reduce_scatter_recursive_halving,
     },
     "all_to_all": {
-        "linear": all_to_all_linear.all_to_all,
-        "pairwise": all_to_all_pairwise.all_to_all,
+        "linear": all_to_all_linear,
+        "pairwise": all_to_all_pairwise,
     },
     "barrier": {
-        "dissemination": barrier_dissemination.barrier,
+        "dissemination": barrier_dissemination,
     },
 }
 
-ALGORITHMS = {collective: tuple(names) for collective, names in REGISTRY.items()}
+# Each module's function is named after its collective.
+REGISTRY = {collective: {name: getattr(module, collective) for name, module in by_name.items()}
+            for collective, by_name in MODULES.items()}
+
+ALGORITHMS = {collective: tuple(names) for collective, names in MODULES.items()}
+
+
+def cost(collective, algorithm, n, s, item=1):
+    """The :class:`Cost` of one call of ``algorithm`` on ``n`` ranks and ``s`` bytes.
+
+    Raises ValueError for an unknown name, or for a registered algorithm whose
+    module states no cost.
+    """
+    module = MODULES.get(collective, {}).get(algorithm)
+    if module is None:
+        known = ", ".join(f"{c}/{a}" for c in MODULES for a in MODULES[c])
+        raise ValueError(f"no algorithm {algorithm!r} for {collective!r}; known: {known}")
+    if not callable(getattr(module, "cost", None)):
+        raise ValueError(f"{module.__name__} states no cost(n, s, item): every algorithm "
+                         f"module must (see collectives/algorithms/_cost.py)")
+    return module.cost(n, s, item)

@@ -68,3 +68,15 @@ def fold_out(comm, extra, step, send, recv):
 
 def ceil_log2(n):
     return (n - 1).bit_length()
+
+
+def tally_fold_in(tally, extra, step, nbytes):
+    """Count :func:`fold_in`: in each folded pair the even rank sends ``nbytes`` to the odd one."""
+    for i in range(extra):
+        tally.message(step, 2 * i, 2 * i + 1, nbytes)
+
+
+def tally_fold_out(tally, extra, step, nbytes):
+    """Count :func:`fold_out`: the odd rank of each pair sends ``nbytes`` back."""
+    for i in range(extra):
+        tally.message(step, 2 * i + 1, 2 * i, nbytes)

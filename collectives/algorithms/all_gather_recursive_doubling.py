@@ -20,9 +20,14 @@ Worked example, N=4, rank r starts with x_r:
     0  | 0-1, 2-3  | r0, r1: [x0, x1]   r2, r3: [x2, x3]
     1  | 0-2, 1-3  | all: [x0, x1, x2, x3]
 
+Extra memory: S, the working buffer of N slots (every step sends an aligned run
+of slots, which ``tensor_list``'s separate tensors are not).
+
 Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005, section 3.
 """
-from ._util import first_real_rank, fold, fold_in, fold_out, real_rank, virtual_rank
+from ._cost import NOTHING, Tally, pieces
+from ._util import (first_real_rank, fold, fold_in, fold_out, real_rank, tally_fold_in,
+                    tally_fold_out, virtual_rank)
 
 
 def recursive_doubling(comm, buf, bounds, vrank, p, extra, step0):
@@ -34,6 +39,37 @@ def recursive_doubling(comm, buf, bounds, vrank, p, extra, step0):
         comm.sendrecv(buf[bounds[mine]:bounds[mine + mask]], partner,
                       buf[bounds[theirs]:bounds[theirs + mask]], partner, step)
         mask, step = mask << 1, step + 1
+
+
+def tally_recursive_doubling(tally, bounds, p, extra, step0):
+    """Count :func:`recursive_doubling` with ``bounds`` in bytes."""
+    for v in range(p):
+        mask, step = 1, step0
+        while mask < p:
+            mine = v & ~(mask - 1)
+            tally.message(step, real_rank(v, extra), real_rank(v ^ mask, extra),
+                          bounds[mine + mask] - bounds[mine])
+            mask, step = mask << 1, step + 1
+
+
+def cost(n, s, item=1):
+    """S = the whole output (N pieces of S/N)."""
+    if n == 1:
+        return NOTHING
+    p, extra = fold(n)
+    c = pieces(s, n, item)[0]
+    t = Tally(n)
+    step = 0
+    if extra:
+        tally_fold_in(t, extra, step, c)
+        step += 1
+    tally_recursive_doubling(t, [first_real_rank(u, extra) * c for u in range(p)] + [n * c], p, extra, step)
+    step += p.bit_length() - 1
+    if extra:
+        tally_fold_out(t, extra, step, n * c)
+    for r in range(n):
+        t.allocate(r, n * c)
+    return t.cost()
 
 
 def all_gather(comm, tensor_list, tensor):

@@ -21,8 +21,11 @@ Worked example, N=4, rank r starts with x_r; slot each rank sends per step:
     2  |  x2    |  x3    |  x0    |  x1
   result on every rank: [x0, x1, x2, x3]
 
+Extra memory: none (the pieces travel between the slots of ``tensor_list``).
+
 Reference: Patarasuk and Yuan, JPDC 2009 (the all-gather half of ring all-reduce).
 """
+from ._cost import NOTHING, Tally, pieces
 
 
 def ring_all_gather(comm, chunks, step0=0):
@@ -32,6 +35,23 @@ def ring_all_gather(comm, chunks, step0=0):
     for s in range(n - 1):
         send_i, recv_i = (r - s) % n, (r - s - 1) % n
         comm.sendrecv(chunks[send_i], right, chunks[recv_i], left, step0 + s)
+
+
+def tally_ring_all_gather(tally, sizes, step0=0):
+    """Count :func:`ring_all_gather` over chunks of ``sizes`` bytes."""
+    n = tally.n
+    for r in range(n):
+        for s in range(n - 1):
+            tally.message(step0 + s, r, (r + 1) % n, sizes[(r - s) % n])
+
+
+def cost(n, s, item=1):
+    """S = the whole output (N pieces of S/N)."""
+    if n == 1:
+        return NOTHING
+    t = Tally(n)
+    tally_ring_all_gather(t, [pieces(s, n, item)[0]] * n)
+    return t.cost()
 
 
 def all_gather(comm, tensor_list, tensor):

@@ -32,9 +32,24 @@ every rank; meeting that promise here costs N slots of memory, where the
 chunked ring (``all_reduce_ring``) meets it for free because each chunk is
 reduced by exactly one rank.
 
+Extra memory: N x S, the N slots (the own tensor's copy and N-1 received
+ones): this is the teaching copy, kept whole-tensor on purpose; use ``ring``
+(S/N) for anything large. (Measured per rank at 64 MiB: filled in from
+``benchmarks/memory.py``.)
+
 Reference: PyTorch tutorial "Writing Distributed Applications with PyTorch"
 (Arnold), section "Our Own Ring-Allreduce".
 """
+from ._cost import NOTHING, Cost
+
+
+def cost(n, s, item=1):
+    if n == 1:
+        return NOTHING
+    moved = s > 0   # an empty tensor is not sent
+    return Cost(steps=(n - 1) * moved, messages=(n - 1) * moved, sent_bytes=(n - 1) * s,
+                recv_bytes=(n - 1) * s, critical_bytes=(n - 1) * s, reduced_bytes=(n - 1) * s,
+                extra_memory=n * s)
 
 
 def all_reduce(comm, tensor, op):

@@ -23,10 +23,38 @@ Worked example, N=4, SUM, rank r starts with x_r:
     0  | 0-1, 2-3       | r0, r1: x0+x1      r2, r3: x2+x3
     1  | 0-2, 1-3       | all: (x0+x1) + (x2+x3)
 
+Extra memory: S, inherently: every step receives the partner's whole tensor
+before combining it, and both partners' whole tensors are needed at once.
+(Measured per rank at 64 MiB: filled in from ``benchmarks/memory.py``.)
+
 Reference: Thakur, Rabenseifner and Gropp, "Optimization of Collective
 Communication Operations in MPICH", IJHPCA 2005.
 """
-from ._util import fold, fold_in, fold_out, real_rank, virtual_rank
+from ._cost import NOTHING, Tally
+from ._util import fold, fold_in, fold_out, real_rank, tally_fold_in, tally_fold_out, virtual_rank
+
+
+def cost(n, s, item=1):
+    if n == 1:
+        return NOTHING
+    p, extra = fold(n)
+    t = Tally(n)
+    step = 0
+    if extra:
+        tally_fold_in(t, extra, step, s)
+        for i in range(extra):
+            t.reduce(2 * i + 1, s)
+        step += 1
+    for mask_bit in range(p.bit_length() - 1):
+        for v in range(p):
+            t.message(step, real_rank(v, extra), real_rank(v ^ (1 << mask_bit), extra), s)
+            t.reduce(real_rank(v, extra), s)
+        step += 1
+    if extra:
+        tally_fold_out(t, extra, step, s)
+    for r in range(n):
+        t.allocate(r, s)
+    return t.cost()
 
 
 def all_reduce(comm, tensor, op):

@@ -24,11 +24,27 @@ Worked example, N=4, SUM, rank r holds [a_r, b_r, c_r, d_r]:
 This is the chunked ring the PyTorch tutorial hints at with ``torch.chunk``;
 compare ``all_reduce_naive_ring``, which sends the whole tensor N-1 times.
 
+Extra memory: one chunk, S/N (rounded up to whole elements): the buffer every
+reduce-scatter step receives into before folding it into the tensor; the
+all-gather receives straight into the tensor. (Measured per rank at 64 MiB:
+filled in from ``benchmarks/memory.py``.)
+
 Reference: Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
 clusters of workstations", JPDC 2009; Baidu's ring-allreduce, 2017.
 """
-from .all_gather_ring import ring_all_gather
-from .reduce_scatter_ring import ring_reduce_scatter
+from ._cost import NOTHING, Tally, pieces
+from .all_gather_ring import ring_all_gather, tally_ring_all_gather
+from .reduce_scatter_ring import ring_reduce_scatter, tally_ring_reduce_scatter
+
+
+def cost(n, s, item=1):
+    if n == 1:
+        return NOTHING
+    t = Tally(n)
+    sizes = pieces(s, n, item)
+    tally_ring_reduce_scatter(t, sizes)
+    tally_ring_all_gather(t, sizes, step0=n - 1)
+    return t.cost()
 
 
 def all_reduce(comm, tensor, op):

@@ -35,9 +35,15 @@ Worked example, N=4, K=2, SUM, rank r holds [a_r, b_r, c_r, d_r]; what rank 0 do
   then D, C, B arrive segment by segment and are forwarded.
   result on every rank: [A, B, C, D], the same bits as ``ring``.
 
+Extra memory: min(DEPTH, (N-1)K) segments of S/(NK), at most DEPTH/K chunks
+of S/N (S/(2N) when K = 4): the inbox slots the reduce-scatter receives into;
+the all-gather receives straight into the tensor. (Measured per rank at 64 MiB:
+filled in from ``benchmarks/memory.py``.)
+
 Reference: Patarasuk and Yuan, JPDC 2009 (segmented rings); gloo's
 ``allreduce_ring_chunked`` and NCCL's ring, which pipeline the same way.
 """
+from ._cost import NOTHING, Tally, pieces
 from ._util import split_bounds
 
 SEGMENT_BYTES = 1 << 20
@@ -45,20 +51,55 @@ MAX_SEGMENTS = 4
 DEPTH = 2
 
 
+def segments(chunk_bytes, segment_bytes=None):
+    """K: how many segments each chunk is cut into (the largest chunk has ``chunk_bytes``)."""
+    return max(1, min(MAX_SEGMENTS, -(-chunk_bytes // (segment_bytes or SEGMENT_BYTES))))
+
+
+def cost(n, s, item=1, depth=DEPTH):
+    if n == 1:
+        return NOTHING
+    chunks = pieces(s, n, item)
+    k = segments(chunks[0])
+    segs = [pieces(c, k, item) for c in chunks]
+    t = Tally(n)
+    for r in range(n):
+        right = (r + 1) % n
+        for j in range((n - 1) * k):      # reduce-scatter: step s, segment q; tag j + k
+            st, q = divmod(j, k)
+            nbytes = segs[(r - st - 1) % n][q]
+            t.message(j, r, right, nbytes)
+            t.reduce(right, nbytes)
+        for j in range((n - 1) * k):      # all-gather: tag (N-1)K + t*K + q
+            st, q = divmod(j, k)
+            t.message((n - 1) * k + j, r, right, segs[(r - st) % n][q])
+        t.allocate(r, min(depth, (n - 1) * k) * segs[0][0])
+    return t.cost()
+
+
+def time(n, s, alpha, beta, gamma):
+    """Seconds in the alpha-beta-gamma model: the reduction of each segment overlaps
+    with the transfer of the next, so per step the slower of the two counts."""
+    m = pieces(s, n)[0]
+    k = segments(m)
+    seg = m / k
+    return (2 * (n - 1) * k * alpha + (n - 1) * m * max(beta, gamma) + seg * min(beta, gamma)
+            + (n - 1) * m * beta)
+
 def all_reduce(comm, tensor, op, segment_bytes=None, depth=DEPTH):
     n, r = comm.size, comm.rank
     if n == 1:
         return
     right, left = (r + 1) % n, (r - 1) % n
     chunks = list(tensor.tensor_split(n))
-    biggest = chunks[0].numel() * tensor.element_size()
-    k = max(1, min(MAX_SEGMENTS, -(-biggest // (segment_bytes or SEGMENT_BYTES))))
+    k = segments(chunks[0].numel() * tensor.element_size(), segment_bytes)
     segs = [[c[a:b] for a, b in zip(split_bounds(c.numel(), k), split_bounds(c.numel(), k)[1:])]
             for c in chunks]
     slot = segs[0][0].numel()
+    rs_total = (n - 1) * k   # reduce-scatter segment-steps; all-gather ones follow: tag rs_total + t*k + q
+    depth = min(depth, rs_total)   # no more slots than segments to receive
     inbox = tensor.new_empty(depth * slot)
     slots = [inbox[i * slot:(i + 1) * slot] for i in range(depth)]
-    rs_total = (n - 1) * k   # reduce-scatter segment-steps; all-gather ones follow: tag rs_total + t*k + q
 
     def post_rs_recv(j):
         s, q = divmod(j, k)

@@ -31,10 +31,23 @@ Worked example, N=4, SUM, rank r holds x_r:
 Few, whole-tensor messages: good for small tensors at scale, poor for large
 ones, where the ring's S/N pieces win. (NCCL's tree all-reduce pipelines
 chunks through two trees; this is the plain textbook form.)
+
+Extra memory: S on rank 0, 2S on a rank with children (see ``reduce_binomial_tree``):
+a whole-tensor algorithm, for small tensors.
 """
+from ._cost import NOTHING, Tally
 from ._util import ceil_log2
-from .broadcast_binomial_tree import broadcast, parent
-from .reduce_binomial_tree import reduce
+from .broadcast_binomial_tree import broadcast, parent, tally_binomial_tree
+from .reduce_binomial_tree import reduce, tally_reduce_tree
+
+
+def cost(n, s, item=1):
+    if n == 1:
+        return NOTHING
+    t = Tally(n)
+    tally_reduce_tree(t, s)
+    tally_binomial_tree(t, lambda a, b: s, step0=ceil_log2(n))
+    return t.cost()
 
 
 def all_reduce(comm, tensor, op):

@@ -21,7 +21,19 @@ Worked example, N=4, rank r holds input pieces [x_r0, x_r1, x_r2, x_r3]:
 
 Posting everything at once lets the transport overlap all transfers but puts
 N-1 messages in flight per rank; ``all_to_all_pairwise`` bounds that to one.
+
+Extra memory: none.
 """
+from ._cost import NOTHING, Cost, pieces
+
+
+def cost(n, s, item=1):
+    """S = one rank's whole input (N pieces of S/N)."""
+    m = pieces(s, n, item)[0]
+    if n == 1 or m == 0:
+        return NOTHING
+    return Cost(steps=1, messages=n - 1, sent_bytes=(n - 1) * m, recv_bytes=(n - 1) * m,
+                critical_bytes=m)
 
 
 def all_to_all(comm, output_tensor_list, input_tensor_list):

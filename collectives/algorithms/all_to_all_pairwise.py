@@ -21,8 +21,20 @@ Worked example, N=4 (rank r sends to / receives from):
     2  | ->2 <-2  | ->3 <-3  | ->0 <-0  | ->1 <-1
     3  | ->3 <-1  | ->0 <-2  | ->1 <-3  | ->2 <-0
 
+Extra memory: none.
+
 Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005 (MPICH long-message alltoall).
 """
+from ._cost import NOTHING, Cost, pieces
+
+
+def cost(n, s, item=1):
+    """S = one rank's whole input (N pieces of S/N)."""
+    m = pieces(s, n, item)[0]
+    if n == 1 or m == 0:
+        return NOTHING
+    return Cost(steps=n - 1, messages=n - 1, sent_bytes=(n - 1) * m, recv_bytes=(n - 1) * m,
+                critical_bytes=(n - 1) * m)
 
 
 def all_to_all(comm, output_tensor_list, input_tensor_list):

@@ -21,8 +21,21 @@ Worked example, N=4:
 
 Reference: Hensgen, Finkel and Manber, "Two algorithms for barrier
 synchronization", IJPP 1988.
+
+Extra memory: 2 bytes (the token and the inbox), whatever S is.
 """
 import torch
+
+from ._cost import NOTHING, Cost
+from ._util import ceil_log2
+
+
+def cost(n, s=0, item=1):
+    """A barrier moves 1-byte tokens whatever ``s`` is."""
+    if n == 1:
+        return NOTHING
+    k = ceil_log2(n)
+    return Cost(steps=k, messages=k, sent_bytes=k, recv_bytes=k, critical_bytes=k, extra_memory=2)
 
 
 def barrier(comm):

@@ -23,7 +23,10 @@ Worked example, N=4, root 0 holds x:
 
 Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005, section 3 (MPICH's
 short-message broadcast).
+
+Extra memory: none.
 """
+from ._cost import NOTHING, Tally
 from ._util import ceil_log2
 
 
@@ -58,6 +61,27 @@ def binomial_tree(comm, root, view, step0=0, received=False):
             comm.send(view(v + mask, min(v + 2 * mask, n)), (v + mask + root) % n,
                       step0 + levels - mask.bit_length())
         mask >>= 1
+
+
+def tally_binomial_tree(tally, size, step0=0):
+    """Count :func:`binomial_tree` from root 0; ``size(a, b)`` is the bytes sent to subtree [a, b)."""
+    n = tally.n
+    levels = ceil_log2(n)
+    for v in range(n):
+        mask = (v & -v if v else 1 << levels) >> 1
+        while mask:
+            if v + mask < n:
+                tally.message(step0 + levels - mask.bit_length(), v, v + mask,
+                              size(v + mask, min(v + 2 * mask, n)))
+            mask >>= 1
+
+
+def cost(n, s, item=1):
+    if n == 1:
+        return NOTHING
+    t = Tally(n)
+    tally_binomial_tree(t, lambda a, b: s)
+    return t.cost()
 
 
 def broadcast(comm, tensor, root, step0=0, received=False):

@@ -18,7 +18,16 @@ Worked example, N=4, root 0 holds x:
 
 The root's link carries everything: time grows like (N-1) * S. The tree and
 pipeline broadcasts exist to take that load off the root.
+
+Extra memory: none.
 """
+from ._cost import NOTHING, Cost
+
+
+def cost(n, s, item=1):
+    if n == 1 or s == 0:
+        return NOTHING
+    return Cost(steps=1, messages=n - 1, sent_bytes=(n - 1) * s, recv_bytes=s, critical_bytes=s)
 
 
 def broadcast(comm, tensor, root):

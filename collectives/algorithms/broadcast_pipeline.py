@@ -27,8 +27,24 @@ Worked example, N=4, root 0, K=3 segments s0, s1, s2:
 Reference: Traff and Ripke, "Optimal broadcast for fully connected
 processor-node networks", JPDC 2008 (pipelined chains); MPICH/Open MPI
 "pipeline" broadcast.
+
+Extra memory: none (every segment lands in its own slice of the tensor).
 """
+from ._cost import NOTHING, Tally
+
 SEGMENT_BYTES = 1 << 20
+
+
+def cost(n, s, item=1):
+    if n == 1:
+        return NOTHING
+    seg = max(1, SEGMENT_BYTES // item) * item
+    sizes = [min(seg, s - x) for x in range(0, s, seg)]
+    t = Tally(n)
+    for v in range(n - 1):
+        for k, nbytes in enumerate(sizes):
+            t.message(v + k, v, v + 1, nbytes)
+    return t.cost()
 
 
 def broadcast(comm, tensor, root, segment_bytes=None):

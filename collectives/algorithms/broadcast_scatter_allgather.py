@@ -25,10 +25,24 @@ Worked example, N=4, root 0 holds x = [p0, p1, p2, p3]:
 Reference: Barnett, Shuler, van de Geijn, Gupta, Payne and Watts,
 "Interprocessor collective communication library (InterCom)", SHPCC 1994;
 Thakur, Rabenseifner and Gropp, IJHPCA 2005.
+
+Extra memory: none (the pieces are slices of the tensor).
 """
+from ._cost import NOTHING, Tally
 from ._util import ceil_log2, split_bounds
-from .all_gather_ring import ring_all_gather
+from .all_gather_ring import ring_all_gather, tally_ring_all_gather
+from .broadcast_binomial_tree import tally_binomial_tree
 from .scatter_binomial_tree import binomial_scatter
+
+
+def cost(n, s, item=1):
+    if n == 1:
+        return NOTHING
+    bounds = [b * item for b in split_bounds(s // item, n)]
+    t = Tally(n)
+    tally_binomial_tree(t, lambda a, b: bounds[b] - bounds[a])
+    tally_ring_all_gather(t, [bounds[i + 1] - bounds[i] for i in range(n)], step0=ceil_log2(n))
+    return t.cost()
 
 
 def broadcast(comm, tensor, root):

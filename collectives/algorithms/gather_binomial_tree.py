@@ -22,8 +22,27 @@ Worked example, N=4, root 0, rank r holds x_r:
     1  | 2 -> 0: [x2, x3]
   root: gather_list = [x0, x1, x2, x3]
 
+Extra memory: S on the root, the subtree's pieces (m x S/N) on a rank with a
+subtree of m ranks.
+
 Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005 (MPICH gather).
 """
+from ._cost import NOTHING, Tally, pieces
+
+
+def cost(n, s, item=1):
+    """S = the whole output (N pieces of S/N)."""
+    if n == 1:
+        return NOTHING
+    m = pieces(s, n, item)[0]
+    t = Tally(n)
+    for v in range(n):
+        subtree = n if v == 0 else min(v & -v, n - v)
+        t.allocate(v, subtree * m)
+        if v:
+            lowbit = v & -v
+            t.message(lowbit.bit_length() - 1, v, v - lowbit, subtree * m)
+    return t.cost()
 
 
 def gather(comm, tensor, gather_list, root):

@@ -16,7 +16,18 @@ Worked example, N=4, root 0, rank r holds x_r:
   -----+-------------------------
     0  | 1 -> 0, 2 -> 0, 3 -> 0
   root: gather_list = [x0, x1, x2, x3]
+
+Extra memory: none (each piece is received straight into its slot).
 """
+from ._cost import NOTHING, Cost, pieces
+
+
+def cost(n, s, item=1):
+    """S = the whole output (N pieces of S/N)."""
+    m = pieces(s, n, item)[0]
+    if n == 1 or m == 0:
+        return NOTHING
+    return Cost(steps=1, messages=n - 1, sent_bytes=m, recv_bytes=(n - 1) * m, critical_bytes=m)
 
 
 def gather(comm, tensor, gather_list, root):

@@ -21,8 +21,38 @@ Worked example, N=4, root 0, SUM, rank r holds x_r:
     0  | 1 -> 0, 3 -> 2    | r0: x0+x1, r2: x2+x3
     1  | 2 -> 0            | r0: (x0+x1) + (x2+x3)
 
+Extra memory: S on the root (one inbox), 2S on a non-root rank with children
+(an inbox, and a copy of its tensor to accumulate into, since a non-root's
+tensor must stay unchanged); leaves allocate nothing.
+
 Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005 (MPICH short-message reduce).
 """
+from ._cost import NOTHING, Tally
+
+
+def tally_reduce_tree(tally, s, step0=0):
+    """Count :func:`reduce` to root 0, allocations included."""
+    n = tally.n
+    for v in range(n):
+        mask, step, allocated = 1, step0, False
+        while mask < n:
+            if v & mask:
+                tally.message(step, v, v - mask, s)
+                break
+            if v + mask < n:
+                if not allocated:   # the inbox, and on a non-root the copy it accumulates into
+                    tally.allocate(v, s if v == 0 else 2 * s)
+                    allocated = True
+                tally.reduce(v, s)
+            mask, step = mask << 1, step + 1
+
+
+def cost(n, s, item=1):
+    if n == 1:
+        return NOTHING
+    t = Tally(n)
+    tally_reduce_tree(t, s)
+    return t.cost()
 
 
 def reduce(comm, tensor, root, op, step0=0, recv_with_send=None):

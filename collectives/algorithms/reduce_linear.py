@@ -17,7 +17,17 @@ Worked example, N=4, root 0, SUM, rank r holds x_r:
   step | messages                 | root computes
   -----+--------------------------+------------------------------
     0  | 1 -> 0, 2 -> 0, 3 -> 0   | ((x0 + x1) + x2) + x3
+
+Extra memory: N x S on the root (N-1 inboxes and a copy of its own tensor).
 """
+from ._cost import NOTHING, Cost
+
+
+def cost(n, s, item=1):
+    if n == 1 or s == 0:
+        return NOTHING
+    return Cost(steps=1, messages=n - 1, sent_bytes=s, recv_bytes=(n - 1) * s,
+                critical_bytes=s, reduced_bytes=(n - 1) * s, extra_memory=n * s)
 
 
 def reduce(comm, tensor, root, op):

@@ -27,10 +27,15 @@ Each chunk is reduced on exactly one rank, so there is exactly one answer for
 it: the all-gather that follows in ring all_reduce copies bits, and every
 rank ends with bitwise the same tensor.
 
+Extra memory: S + S/N (the concatenated input, so that ``input_list`` stays
+unchanged as torch's does, and one chunk to receive into).
+
 Reference: Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
 clusters of workstations", JPDC 2009.
 """
 import torch
+
+from ._cost import NOTHING, Tally, pieces
 
 
 def ring_reduce_scatter(comm, chunks, op, step0=0):
@@ -47,6 +52,28 @@ def ring_reduce_scatter(comm, chunks, op, step0=0):
         got = inbox[:chunks[recv_i].numel()]
         comm.sendrecv(chunks[send_i], right, got, left, step0 + s)
         op.combine(chunks[recv_i], got)
+
+
+def tally_ring_reduce_scatter(tally, sizes, step0=0):
+    """Count :func:`ring_reduce_scatter` over chunks of ``sizes`` bytes."""
+    n = tally.n
+    for r in range(n):
+        for s in range(n - 1):
+            nbytes = sizes[(r - s - 1) % n]
+            tally.message(step0 + s, r, (r + 1) % n, nbytes)
+            tally.reduce((r + 1) % n, nbytes)
+        tally.allocate(r, max(sizes))
+
+
+def cost(n, s, item=1):
+    """S = the whole input (N chunks of S/N)."""
+    if n == 1:
+        return NOTHING
+    t = Tally(n)
+    tally_ring_reduce_scatter(t, [pieces(s, n, item)[0]] * n)
+    for r in range(n):
+        t.allocate(r, s)
+    return t.cost()
 
 
 def reduce_scatter(comm, output, input_list, op):

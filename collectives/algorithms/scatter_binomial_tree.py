@@ -21,11 +21,27 @@ Worked example, N=4, root 0 holds pieces [p0, p1, p2, p3]:
     0  | 0 -> 2: [p2, p3]
     1  | 0 -> 1: [p1]        2 -> 3: [p3]
 
+Extra memory: S on the root (the pieces laid out in one buffer), the subtree's
+pieces (m x S/N) on a rank with a subtree of m ranks.
+
 Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005 (MPICH scatter).
 """
 import torch
 
-from .broadcast_binomial_tree import binomial_tree
+from ._cost import NOTHING, Tally, pieces
+from .broadcast_binomial_tree import binomial_tree, tally_binomial_tree
+
+
+def cost(n, s, item=1):
+    """S = the whole input (N pieces of S/N)."""
+    if n == 1:
+        return NOTHING
+    m = pieces(s, n, item)[0]
+    t = Tally(n)
+    tally_binomial_tree(t, lambda a, b: (b - a) * m)
+    for v in range(n):
+        t.allocate(v, n * m if v == 0 else min(v & -v, n - v) * m)
+    return t.cost()
 
 
 def binomial_scatter(comm, view, root, step0=0):

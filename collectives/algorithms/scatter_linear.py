@@ -15,7 +15,18 @@ Worked example, N=4, root 0 holds [p0, p1, p2, p3]:
   step | messages
   -----+------------------------------------
     0  | 0 -> 1: p1, 0 -> 2: p2, 0 -> 3: p3
+
+Extra memory: none.
 """
+from ._cost import NOTHING, Cost, pieces
+
+
+def cost(n, s, item=1):
+    """S = the whole input (N pieces of S/N)."""
+    m = pieces(s, n, item)[0]
+    if n == 1 or m == 0:
+        return NOTHING
+    return Cost(steps=1, messages=n - 1, sent_bytes=(n - 1) * m, recv_bytes=m, critical_bytes=m)
 
 
 def scatter(comm, tensor, scatter_list, root):

@@ -37,13 +37,13 @@ tests)
         --out "$OUT/train_gloo_cuda" --no-progress
     ;;
 bench)
-    step bench_nccl 120 python -m collectives.bench --device cuda --backend nccl -n 1 --no-plots \
-        -c all_reduce,broadcast,all_gather,reduce_scatter -b 4K -e 64M -f 16 --iters 10 --out "$OUT/nccl"
-    step bench_gloo_cuda 330 python -m collectives.bench --device cuda --backend gloo -n 2,4 \
-        -c all_reduce,broadcast,all_gather,reduce_scatter -b 4K -e 16M -f 16 --iters 8 --out "$OUT/gloo_cuda"
+    step bench_nccl 120 python -m benchmarks.sweep --device cuda --backend nccl --world-size 1 --no-plots \
+        --collective all_reduce,broadcast,all_gather,reduce_scatter -b 4K -e 64M -f 16 -n 10 --out "$OUT/nccl"
+    step bench_gloo_cuda 330 python -m benchmarks.sweep --device cuda --backend gloo --world-size 2,4 \
+        --collective all_reduce,broadcast,all_gather,reduce_scatter -b 4K -e 16M -f 16 -n 8 --out "$OUT/gloo_cuda"
     # The same machine's 16 cores with CPU tensors: gloo without oversubscription, for comparison
-    step bench_cpu16 150 python -m collectives.bench -n 2,4,8 -c all_reduce,broadcast -b 4K -e 64M -f 64 \
-        --iters 8 --no-plots --out "$OUT/cpu16"
+    step bench_cpu16 150 python -m benchmarks.sweep --world-size 2,4,8 --collective all_reduce,broadcast \
+        -b 4K -e 64M -f 64 -n 8 --no-plots --out "$OUT/cpu16"
     ;;
 esac
 # The device tool brings back at most 8 files: everything but the checkpoints, in one archive.

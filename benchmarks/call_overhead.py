@@ -4,7 +4,7 @@ A 4 KiB all_reduce moves almost no data, so its time is the cost of the
 calls around the messages. This benchmark peels the layers off one at a time
 and times each, interleaved in the same processes::
 
-    python -m collectives.bench_call --world-sizes 2 --batch 1 32
+    python -m benchmarks.call_overhead --world-size 2 --batch 1,32
 
 rows (every rank runs each; time = median over samples of the slowest rank):
 
@@ -24,18 +24,20 @@ rows (every rank runs each; time = median over samples of the slowest rank):
 ``cpu`` is the calling thread's CPU time (``time.thread_time``), the slowest
 rank's, median over samples. The built-in's work runs on gloo's own thread,
 so its ``cpu`` is only the wait. ``--batch`` sets how many calls run back to
-back per sample (the main bench uses up to 32 for small sizes).
+back per sample (the sweep uses up to 32 for small sizes); ``-b``/``-e``
+sizes, ``-n``/``-w`` iterations, as in nccl-tests.
 """
 import argparse
+import os
 import time
 
 import torch
 import torch.distributed as dist
 
-from . import api, launch, reduce_ops
-from .algorithms import REGISTRY
-from .bench import parse_size, time_candidates_with_cpu
-from .p2p_communications import Comm
+from benchmarks import common
+from collectives import api, reduce_ops
+from collectives.algorithms import REGISTRY
+from collectives.p2p_communications import Comm
 
 
 class _Done:
@@ -72,10 +74,10 @@ def _spin(seconds):
 
 def _variants(x, algorithm):
     rank, n = dist.get_rank(), dist.get_world_size()
-    world, ranks, backend = dist.group.WORLD, list(range(n)), str(dist.get_backend())
+    world = dist.group.WORLD
     right, left = (rank + 1) % n, (rank - 1) % n
     inbox = torch.empty_like(x)
-    red = reduce_ops.resolve(dist.ReduceOp.SUM, x.dtype, "bench_call")
+    red = reduce_ops.resolve(dist.ReduceOp.SUM, x.dtype, "call_overhead")
     run = REGISTRY["all_reduce"][algorithm]
 
     def torch_exchange():
@@ -98,8 +100,8 @@ def _variants(x, algorithm):
     return {
         "built-in": lambda: dist.all_reduce(x),
         "api": lambda: api.all_reduce(x, algorithm=algorithm),
-        "algorithm": lambda: run(Comm(world, "all_reduce", algorithm, ranks, backend, rank), x, red),
-        "exchange, door": lambda: Comm(world, "bench", "exchange", ranks, backend, rank).exchange(
+        "algorithm": lambda: run(Comm(world, "all_reduce", algorithm), x, red),
+        "exchange, door": lambda: Comm(world, "bench", "exchange").exchange(
             0, sends=[(x, right)], recvs=[(inbox, left)]),
         "exchange, torch": torch_exchange,
         "exchange, torch + 100 us CPU": torch_exchange_after_cpu,
@@ -107,34 +109,48 @@ def _variants(x, algorithm):
     }
 
 
-def _worker(args):
-    with launch.gloo_group() as (rank, world):
+def _worker(args, rank, world, device):
+    out = []
+    for size in args.sizes:
         # Zeros stay zeros however often they are summed: only the bytes matter here.
-        x = torch.zeros(max(1, args.size // 4))
+        x = torch.zeros(max(1, size // 4))
         variants = _variants(x, args.algorithm)
         for batch in args.batch:
-            wall, cpu = time_candidates_with_cpu(variants, args.iters, args.warmup, batch, x.device)
+            wall, cpu = common.time_candidates_with_cpu(variants, args.iters, args.warmup_iters, batch, device)
             if rank == 0:
-                print(f"all_reduce {args.size} B, N={world}, algorithm={args.algorithm}, "
+                print(f"all_reduce {x.numel() * 4} B, N={world}, algorithm={args.algorithm}, "
                       f"{batch} call(s) back to back per sample, {args.iters} samples:")
                 for name in variants:
                     w, c = wall[name], cpu[name]
                     print(f"  {name:30s} {1e6 * w:8.0f} us  {w / wall['built-in']:5.2f}x built-in   "
                           f"cpu {1e6 * c:6.0f} us", flush=True)
+            out += [{"world_size": world, "size": x.numel() * 4, "batch": batch, "variant": name,
+                     "time_us": 1e6 * wall[name], "cpu_us": 1e6 * cpu[name],
+                     "vs_builtin": wall[name] / wall["built-in"]} for name in variants]
+    return out
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m collectives.bench_call", description=__doc__.split("\n")[0])
-    p.add_argument("--world-sizes", type=int, nargs="+", default=[2])
-    p.add_argument("--size", type=parse_size, default=4096, help="bytes of float32 (default 4K)")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.call_overhead", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    common.add_size_flags(p, b="4K", e=None, f=4)
+    common.add_timing_flags(p, n=100, w=5)
     p.add_argument("--algorithm", default="tree", help="all_reduce algorithm for the api and algorithm rows")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 32], help="calls back to back per sample")
-    p.add_argument("--iters", type=int, default=100, help="samples per row")
-    p.add_argument("--warmup", type=int, default=5)
+    common.add_world_flags(p, default="2", backend=False)
+    p.add_argument("--batch", default="1,32", help="calls back to back per sample, comma-separated")
+    p.add_argument("--out", default=os.path.join(common.OUT_DIR, "call_overhead"))
     args = p.parse_args(argv)
     if args.algorithm not in REGISTRY["all_reduce"]:
         p.error(f"unknown all_reduce algorithm {args.algorithm!r}; valid: {', '.join(REGISTRY['all_reduce'])}")
-    launch.launch_each(_worker, args.world_sizes, (args,))
+    try:
+        args.batch = [int(b) for b in args.batch.split(",")]
+    except ValueError:
+        p.error(f"--batch takes numbers, e.g. 1,32; got {args.batch!r}")
+    common.finish_parsing(p, args)
+    meta = common.machine_info("python -m benchmarks.call_overhead", args)
+    results = common.run_worlds(_worker, args)
+    if results is not None:
+        common.write_rows(args.out, "results", [r for _, rows in results for r in rows], meta)
 
 
 if __name__ == "__main__":

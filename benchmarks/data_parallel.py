@@ -1,0 +1,184 @@
+"""Per-step time of our data parallelism against torch's DistributedDataParallel.
+
+Same model (the MNIST net), same per-rank batch, same world size, same
+processes: every variant runs in each worker, in interleaved rounds so that
+load from elsewhere on the machine hits all of them alike, and rank 0 prints
+the median milliseconds per training step and the ratio to DDP::
+
+    python -m benchmarks.data_parallel --world-size 2,4
+
+With ``--trace FILE`` it instead runs one ``DataParallel`` training step of
+the MNIST net (after one untraced warm-up step) on every rank, traced, and
+rank 0 writes the Chrome/Perfetto trace JSON (open it in ui.perfetto.dev) and
+a timeline picture drawn from the same file beside it::
+
+    python -m benchmarks.data_parallel --world-size 4 --trace bench_out/mnist_step.json \
+        --data-dir ../shared/data
+
+Variants: ``DataParallel`` (bucketed, async, overlapped), ``NaiveDataParallel``
+(one all_reduce per parameter after backward, the tutorial), torch ``DDP``
+on gloo, and ``DDP`` with :func:`collectives.ddp_comm_hook`. A step is
+zero_grad, forward, backward (with gradient averaging) and ``optimizer.step()``.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks import common
+from collectives import api
+from collectives.data_parallel import DataParallel
+from collectives.data_parallel_naive import NaiveDataParallel
+from collectives.ddp_hook import ddp_comm_hook
+from collectives.models import Net
+
+
+def _variants(args):
+    def ddp_hooked():
+        model = torch.nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=args.bucket_cap_mb)
+        model.register_comm_hook(state=None, hook=ddp_comm_hook(args.algorithm))
+        return model
+    return {
+        "DDP (torch, gloo)": lambda: torch.nn.parallel.DistributedDataParallel(
+            Net(), bucket_cap_mb=args.bucket_cap_mb),
+        "DataParallel (ours, bucketed)": lambda: DataParallel(
+            Net(), bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm),
+        "NaiveDataParallel (ours)": lambda: NaiveDataParallel(Net(), algorithm=args.algorithm),
+        "DDP + ddp_comm_hook (ours)": ddp_hooked,
+    }
+
+
+def _time_steps(model, opt, x, y, steps):
+    api.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    api.barrier()
+    return (time.perf_counter() - t0) / steps
+
+
+def _worker(args, rank, world, device):
+    torch.manual_seed(rank)
+    x, y = torch.randn(args.batch_size, 1, 28, 28), torch.randint(0, 10, (args.batch_size,))
+    runs = {}
+    for name, make in _variants(args).items():
+        torch.manual_seed(0)
+        model = make()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        _time_steps(model, opt, x, y, args.warmup_iters)
+        runs[name] = (model, opt, [])
+    names = list(runs)
+    for r in range(args.rounds):
+        # Rotate who goes first, so no variant always runs right after another.
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            model, opt, times = runs[name]
+            times.append(_time_steps(model, opt, x, y, args.iters))
+    # Each round times every variant back to back; the ratio is taken within a
+    # round (so a burst of load from elsewhere hits both sides), then the median.
+    base = runs["DDP (torch, gloo)"][2]
+    rows = [{"world_size": world, "variant": name, "ms_per_step": 1e3 * statistics.median(times),
+             "best_ms_per_step": 1e3 * min(times),
+             "vs_ddp": statistics.median(t / b for t, b in zip(times, base))}
+            for name, (_, _, times) in runs.items()]
+    if rank == 0:
+        print(f"world size {world}, {args.batch_size} examples per rank, {args.rounds} rounds "
+              f"of {args.iters} steps; ms/step median (best), ratio to DDP median of rounds:")
+        for row in rows:
+            print(f"  {row['variant']:30s} {row['ms_per_step']:8.2f} ({row['best_ms_per_step']:6.2f}) "
+                  f"ms/step   {row['vs_ddp']:5.2f}x DDP", flush=True)
+    return rows
+
+
+def _trace_worker(args, rank, world, device):
+    """One traced DataParallel step; rank 0 writes the trace and its picture."""
+    from collectives import perfetto, trace
+    torch.manual_seed(0)
+    model = DataParallel(Net(), bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = _batch(args, rank, world)
+    spans = []
+
+    def step(record):
+        t = time.time()
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        t_fwd = time.time()
+        loss.backward()
+        t_bwd = time.time()
+        opt.step()
+        if record:
+            spans.extend([(rank, "forward", t, t_fwd), (rank, "backward (gradients averaged)", t_fwd, t_bwd),
+                          (rank, "optimizer step", t_bwd, time.time())])
+    step(False)                      # warm-up: first-call costs stay out of the picture
+    api.barrier()
+    with trace() as records:
+        step(True)
+    everyone = perfetto.gather_records(records)
+    all_spans = [None] * world if rank == 0 else None
+    torch.distributed.gather_object(spans, all_spans, dst=0)
+    if rank != 0:
+        return None
+    all_spans = [s for per_rank in all_spans for s in per_rank]
+    os.makedirs(os.path.dirname(os.path.abspath(args.trace)), exist_ok=True)
+    perfetto.export_chrome_trace(everyone, args.trace, spans=all_spans)
+    summary = perfetto.check_trace(args.trace)
+    import matplotlib
+    matplotlib.use("Agg")
+    from collectives import plot
+    ax = plot.timeline(args.trace, color_by="collective",
+                       title=f"one DataParallel step of the MNIST net, {world} ranks, "
+                             f"{args.batch_size} examples per rank, bucket_cap_mb={args.bucket_cap_mb}")
+    png = os.path.splitext(args.trace)[0] + ".png"
+    ax.figure.savefig(png, dpi=90)
+    print(f"wrote {args.trace} ({summary['slices']} slices on {summary['tracks']} tracks, "
+          f"{summary['flows']} message arrows) and {png}", flush=True)
+    return summary
+
+
+def _batch(args, rank, world):
+    """This rank's examples: the first global batch of MNIST with --data-dir, else random ones."""
+    if not args.data_dir:
+        g = torch.Generator().manual_seed(rank)
+        return (torch.randn(args.batch_size, 1, 28, 28, generator=g),
+                torch.randint(0, 10, (args.batch_size,), generator=g))
+    from collectives.data import load_mnist, prepare_mnist
+    if rank == 0:
+        prepare_mnist(args.data_dir)                      # unpack once ...
+    api.barrier()                                          # ... while the others wait
+    data = load_mnist(prepare_mnist(args.data_dir, download=False), subset=args.batch_size * world)
+    x, y = data.tensors
+    mine = slice(rank * args.batch_size, (rank + 1) * args.batch_size)
+    return x[mine], y[mine]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.data_parallel", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("-n", "--iters", type=int, default=10, help="training steps per timed round")
+    p.add_argument("-w", "--warmup-iters", type=int, default=5, help="untimed steps per variant first")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--algorithm", default=None, help="all_reduce algorithm (default: by size)")
+    common.add_world_flags(p, default="2,4", backend=False)
+    p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
+    p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--out", default=os.path.join(common.OUT_DIR, "data_parallel"))
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="instead of timing: trace one DataParallel step, write FILE (Perfetto JSON) and a PNG")
+    p.add_argument("--data-dir", default=None, help="with --trace: a folder holding MNIST/raw (else random data)")
+    args = common.finish_parsing(p, p.parse_args(argv))
+    if args.trace:
+        common.run_worlds(_trace_worker, args)
+        return
+    meta = common.machine_info("python -m benchmarks.data_parallel", args)
+    results = common.run_worlds(_worker, args)
+    if results is not None:
+        common.write_rows(args.out, "results", [r for _, rows in results for r in rows], meta)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""What the always-on mismatch detection costs: all_reduce with the call tags and without.
+
+Usage::
+
+    python -m benchmarks.desync_cost                      # 4K, N=2 and 4, algorithm=None
+    python -m benchmarks.desync_cost -b 4K -e 64K --world-size 2,4 --algorithm ring,tree -n 200
+    python -m benchmarks.desync_cost --debug              # also COLLECTIVES_DEBUG=1 (fingerprint round)
+
+Every message of a collective carries a tag made of the call's number on its
+group, a hash of the call (collective, algorithm, op, shape, dtype) and the
+step, so two ranks in different calls never pair silently: that is what
+raises ``DesyncError`` instead of returning garbage. ``COLLECTIVES_CALL_TAGS=0``
+tags by step only, as before; it exists for this benchmark and nothing else.
+The goal (issue 14): at 4 KiB, N = 2 and 4, the time with detection stays
+within 5% of the time without it.
+
+For each (size, algorithm) three candidates run interleaved in the same
+processes (see :func:`benchmarks.common.time_candidates`): ``tags on``,
+``tags off`` (the variable set to 0 around each call; the door reads it when a
+call starts) and the built-in for scale. The row shows the median of the
+slowest rank's time per call and the ratio on/off. On a shared machine the
+ratio needs many iterations (``-n``) to settle; report figures from a quiet one.
+
+``--debug`` adds a fourth candidate, ``debug on``: ``COLLECTIVES_DEBUG=1``,
+which exchanges a fingerprint of every call among all ranks before any data
+moves (one more round of N(N-1) small messages), and its time over ``tags on``.
+"""
+import argparse
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+
+import collectives
+from benchmarks import common
+from collectives import p2p_communications
+
+VARIABLE = "COLLECTIVES_CALL_TAGS"
+
+
+@contextlib.contextmanager
+def env(variable, enabled):
+    """Set ``variable`` to 1 or 0 for the calls inside; restore it after."""
+    old = os.environ.get(variable)
+    os.environ[variable] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = old
+
+
+def call_tags(enabled):
+    """Set ``COLLECTIVES_CALL_TAGS`` for the calls inside; restore it after."""
+    return env(VARIABLE, enabled)
+
+
+def switch_works():
+    """True if the library reads ``COLLECTIVES_CALL_TAGS`` (else both columns time the same code)."""
+    probe = getattr(p2p_communications, "call_tags_enabled", None)
+    if probe is None:
+        return False
+    with call_tags(False):
+        off = probe()
+    with call_tags(True):
+        on = probe()
+    return on and not off
+
+
+def _worker(args, rank, n, device):
+    rows = []
+    for size in args.sizes:
+        x = torch.zeros(max(1, size // 4))      # zeros stay zeros: only the bytes matter
+        for algorithm in args.algorithm:
+            algo = None if algorithm == "default" else algorithm
+
+            def ours(tags, debug=False):
+                def call():
+                    with call_tags(tags), env("COLLECTIVES_DEBUG", debug):
+                        collectives.all_reduce(x, algorithm=algo)
+                return call
+            cands = {"tags on": ours(True), "tags off": ours(False), "built-in": lambda: dist.all_reduce(x)}
+            if args.debug:
+                cands["debug on"] = ours(True, debug=True)
+            t = common.time_candidates(cands, args.iters, args.warmup_iters,
+                                       common.batch_for(size, args.batch), device)
+            r = {"world_size": n, "size": x.numel() * 4, "algorithm": algorithm,
+                 "tags_on_us": 1e6 * t["tags on"], "tags_off_us": 1e6 * t["tags off"],
+                 "builtin_us": 1e6 * t["built-in"], "on_over_off": t["tags on"] / t["tags off"]}
+            if args.debug:
+                r.update(debug_on_us=1e6 * t["debug on"], debug_over_on=t["debug on"] / t["tags on"])
+            rows.append(r)
+            if rank == 0:
+                debug = f" {r['debug_on_us']:>10.1f} {r['debug_over_on']:>9.3f}" if args.debug else ""
+                print(f" {n:>3} {r['size']:>9} {algorithm:>20} {r['tags_on_us']:>10.1f} {r['tags_off_us']:>10.1f} "
+                      f"{r['builtin_us']:>10.1f} {r['on_over_off']:>7.3f}{debug}", flush=True)
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.desync_cost", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    common.add_size_flags(p, b="4K", e=None, f=4)
+    common.add_timing_flags(p, n=100, w=5)
+    p.add_argument("--algorithm", default="default",
+                   help="comma-separated all_reduce algorithms; 'default' is algorithm=None")
+    common.add_world_flags(p, default="2,4", backend=False)
+    p.add_argument("--batch", type=int, default=0, help="calls per iteration (0: up to 32 for small sizes)")
+    p.add_argument("--debug", action="store_true", help="also time COLLECTIVES_DEBUG=1 (the fingerprint round)")
+    p.add_argument("--out", default=os.path.join(common.OUT_DIR, "desync_cost"))
+    args = p.parse_args(argv)
+    args.algorithm = args.algorithm.split(",")
+    valid = set(collectives.ALGORITHMS["all_reduce"]) | {"default"}
+    unknown = [a for a in args.algorithm if a not in valid]
+    if unknown:
+        p.error(f"unknown all_reduce algorithm(s) {', '.join(unknown)}; choose from {', '.join(sorted(valid))}")
+    common.finish_parsing(p, args)
+    if not switch_works():
+        print(f"# warning: this version of collectives does not read {VARIABLE}: "
+              f"'tags on' and 'tags off' time the same code", flush=True)
+    if common.is_rank0():
+        print(f"# all_reduce float32, -n {args.iters} -w {args.warmup_iters}; time per call (us), median of the "
+              f"slowest rank; on/off = time with the call tags over time without", flush=True)
+        debug = f" {'debug on':>10} {'debug/on':>9}" if args.debug else ""
+        print(f"#{'N':>3} {'size(B)':>9} {'algorithm':>20} {'tags on':>10} {'tags off':>10} {'built-in':>10} "
+              f"{'on/off':>7}{debug}", flush=True)
+    meta = common.machine_info("python -m benchmarks.desync_cost", args)
+    results = common.run_worlds(_worker, args)
+    if results is not None:
+        rows = [r for _, res in results for r in res]
+        common.write_rows(args.out, "results", rows, meta)
+        worst = max(rows, key=lambda r: r["on_over_off"])
+        print(f"# worst on/off {worst['on_over_off']:.3f} (N={worst['world_size']}, {worst['size']} B, "
+              f"{worst['algorithm']}); goal: at most 1.05 at 4 KiB, N=2 and 4")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Tune ``algorithm=None`` to this machine: measure, fit the model, time the likely winners.
+
+Usage::
+
+    python -m benchmarks.tune                         # N=2, 4K..64M, about 2 minutes
+    python -m benchmarks.tune --world-size 2,4,8      # one table per world size
+    collectives-tune --world-size 4 -e 16M            # the same, as a console script
+    torchrun --nproc-per-node 8 -m benchmarks.tune    # the world torchrun started
+
+In each world it
+
+1. times point to point through the door (``benchmarks.pingpong``: ping-pong,
+   ring exchange, a local reduction) at a few sizes and fits alpha, beta and
+   gamma (``collectives.cost_model.fit``);
+2. at every size from ``-b`` to ``-e`` and for every collective, ranks the
+   algorithms by the fitted model and times the ``--top`` most promising
+   (``benchmarks.sweep.measure_point``, interleaved, so they see the same
+   noise): where the model is unsure, near its crossovers, the measurement
+   decides;
+3. stops sweeping when its share of ``--budget`` seconds is spent (the sizes
+   left over are then chosen by the fitted model).
+
+The fastest algorithm at each point and the fitted parameters go into this
+machine's table in the per-user cache (``collectives.tuning.cache_path()``:
+``$XDG_CACHE_HOME/collectives/tuning-<host>-<cores>cpu-<hash>.json``), one
+entry per world size, which ``algorithm=None`` reads from then on. ``--table
+FILE`` writes elsewhere instead (for ``COLLECTIVES_TUNING_TABLE``). The rows
+go to ``--out`` (default ``bench_out/tune``).
+"""
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from benchmarks import common, pingpong, sweep
+from collectives import cost_model, tuning
+from collectives.algorithms import ALGORITHMS
+
+P2P_SIZES = (4, 4096, 65536, 1 << 20, 4 << 20)
+
+
+def ranked(collective, n, size, params):
+    """Algorithms of ``collective`` from the fastest predicted to the slowest."""
+    return sorted(ALGORITHMS[collective], key=lambda a: cost_model.predict(collective, a, n, size, params))
+
+
+def _over_budget(deadline):
+    """True on every rank once any rank has passed ``deadline`` (they must skip together)."""
+    late = torch.tensor([float(time.monotonic() > deadline)])
+    dist.all_reduce(late, op=dist.ReduceOp.MAX)
+    return bool(late.item())
+
+
+def _worker(args, rank, n, device):
+    start = time.monotonic()
+    deadline = start + args.budget / len(args.world_size)
+    p2p = pingpong.measure(rank, n, device, P2P_SIZES, iters=args.iters, warmup=args.warmup_iters)
+    params = cost_model.fit(p2p)
+    rows, skipped = [], []
+    points = [(size, c) for size in args.sizes for c in args.collective]
+    progress = common.Progress(len(points), f"tune N={n}")
+    for size, collective in points:
+        if skipped or _over_budget(deadline):
+            skipped.append((collective, size))
+            continue
+        names = ranked(collective, n, size, params)[:args.top]
+        progress.step(f"{collective} {common.human(size)}: {', '.join(names)}")
+        cands = sweep.candidates_for(collective, names, builtin=False)
+        rows += sweep.measure_point(collective, size, cands, rank, n, device, iters=args.iters,
+                                    warmup=args.warmup_iters, check=False)
+    progress.close()
+    return {"p2p": p2p, "model": params, "rows": rows, "skipped": skipped,
+            "seconds": time.monotonic() - start}
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tune", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    common.add_size_flags(p, b="4K", e="64M", f=4)
+    common.add_timing_flags(p, n=5, w=1)
+    p.add_argument("--collective", default=",".join(sweep.DEFAULT_COLLECTIVES),
+                   help=f"comma-separated: {','.join(sweep.COLLECTIVES)}")
+    p.add_argument("--top", type=int, default=3, help="algorithms timed per point: the model's best few")
+    p.add_argument("--budget", type=float, default=120, help="seconds for the whole run (split between "
+                                                             "world sizes); left-over sizes go to the model")
+    common.add_world_flags(p, default="2")
+    p.add_argument("--table", default=None,
+                   help="write the table here instead of this machine's per-user cache")
+    p.add_argument("--out", default=os.path.join(common.OUT_DIR, "tune"), help="folder for the rows")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
+    args = p.parse_args(argv)
+    args.collective = args.collective.split(",")
+    unknown = [c for c in args.collective if c not in sweep.COLLECTIVES]
+    if unknown:
+        p.error(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(sweep.COLLECTIVES)}")
+    if args.top < 1:
+        p.error("--top must be 1 or more")
+    args = common.finish_parsing(p, args)
+    if any(n < 2 for n in args.world_size):
+        p.error("tuning needs --world-size 2 or more (a group of one moves nothing)")
+    return args
+
+
+def report(results, rows, path, seconds, file=None):
+    """Print the fitted parameters and the choices written, per world size and collective."""
+    for n, res in results:
+        m = res["model"]
+        print(f"# N={n}: alpha {m['alpha'] * 1e6:.1f} us, beta {1e-9 / m['beta']:.3f} GB/s, "
+              f"gamma {1e-9 / m['gamma']:.3f} GB/s; swept in {res['seconds']:.0f} s"
+              + (f"; {len(res['skipped'])} point(s) over budget, left to the model" if res["skipped"] else ""),
+              file=file)
+    best = tuning.best_from_rows(rows)
+    for collective, by_n in best.items():
+        for n, points in sorted(by_n.items(), key=lambda kv: int(kv[0])):
+            line = ", ".join(f"{common.human(size)} {name}" for size, name in points)
+            print(f"#   {collective:>14} N={n}: {line}", file=file)
+    print(f"# wrote {path} in {seconds:.0f} s", file=file)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = time.monotonic()
+    meta = dict(common.machine_info("python -m benchmarks.tune", args), machine=tuning.machine())
+    results = common.run_worlds(_worker, args)
+    if results is None:
+        return
+    rows = [r for _, res in results for r in res["rows"]]
+    model = {n: res["model"] for n, res in results}
+    path = args.table or tuning.cache_path()
+    tuning.write_table(path, rows, model, dict(meta, seconds=round(time.monotonic() - started, 1)))
+    common.write_rows(args.out, "tune", rows, dict(meta, model=model, table=path))
+    report(results, rows, path, time.monotonic() - started)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""What one call of an algorithm costs, as code: the figures its card states.
+
+Every algorithm module defines ``cost(n, s, item=1)``: for a group of ``n``
+ranks and ``s`` bytes (the size nccl-tests reports, see
+``collectives.cost_model``), made of elements of ``item`` bytes, the
+:class:`Cost` of one call. The registry, the cost model, the automatic choice,
+the traffic and memory tests and chapter 5's table all read it from there.
+
+The figures are exact, not asymptotic: pieces are cut as the algorithm cuts
+them (``tensor_split``: sizes differ by one element, some may be empty, and
+empty pieces are not sent), so ``tests/test_traffic.py`` can demand that the
+messages counted at the door equal them, for any N and any size. A group of
+one moves nothing (``collectives.api`` copies locally), so every cost is zero
+at N = 1.
+"""
+from dataclasses import dataclass
+
+from ._util import split_bounds
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One call, counted on the busiest rank.
+
+    steps:          distinct communication steps (message tags) of the whole group
+    messages:       most messages one rank sends or receives
+    sent_bytes:     most bytes one rank sends
+    recv_bytes:     most bytes one rank receives
+    critical_bytes: the sum, over steps, of the largest message of the step: what
+                    the alpha-beta model charges beta for when steps run one after another
+    reduced_bytes:  most bytes one rank combines with ``op`` (what gamma is charged for)
+    extra_memory:   most bytes of temporary tensors one rank allocates
+    """
+    steps: int = 0
+    messages: int = 0
+    sent_bytes: int = 0
+    recv_bytes: int = 0
+    critical_bytes: int = 0
+    reduced_bytes: int = 0
+    extra_memory: int = 0
+
+
+NOTHING = Cost()
+
+CHUNK_BYTES = 1 << 20
+"""The reused receive buffer's size where an algorithm receives large messages
+piece by piece instead of whole (``all_reduce_rabenseifner``)."""
+
+
+def pieces(s, parts, item=1):
+    """Byte sizes of ``tensor_split(parts)`` of ``s`` bytes of ``item``-byte elements."""
+    b = split_bounds(s // item, parts)
+    return [(b[i + 1] - b[i]) * item for i in range(parts)]
+
+
+class Tally:
+    """Count a schedule rank by rank: for algorithms whose figures differ by rank
+    (trees, folds, uneven pieces), the cost function lists the messages of one
+    call here, and the busiest rank's figures come out. A message of 0 bytes is
+    not sent (the door skips it), so it is not counted."""
+
+    def __init__(self, n):
+        self.n = n
+        self.sent = [0] * n
+        self.recv = [0] * n
+        self.sent_msgs = [0] * n
+        self.recv_msgs = [0] * n
+        self.reduced = [0] * n
+        self.memory = [0] * n
+        self.largest = {}
+
+    def message(self, step, src, dst, nbytes):
+        if nbytes == 0:
+            return
+        self.sent[src] += nbytes
+        self.recv[dst] += nbytes
+        self.sent_msgs[src] += 1
+        self.recv_msgs[dst] += 1
+        self.largest[step] = max(self.largest.get(step, 0), nbytes)
+
+    def reduce(self, rank, nbytes):
+        self.reduced[rank] += nbytes
+
+    def allocate(self, rank, nbytes):
+        self.memory[rank] += nbytes
+
+    def cost(self):
+        return Cost(steps=len(self.largest),
+                    messages=max(max(a, b) for a, b in zip(self.sent_msgs, self.recv_msgs)),
+                    sent_bytes=max(self.sent), recv_bytes=max(self.recv),
+                    critical_bytes=sum(self.largest.values()),
+                    reduced_bytes=max(self.reduced), extra_memory=max(self.memory))

@@ -1,0 +1,73 @@
+"""What a collective needs to know about the group it runs on, in one small record.
+
+The public functions take what torch.distributed takes (``None`` for the world, or
+a group from ``new_group``). The torch backend in :mod:`collectives.backend` runs
+the same functions over its own inner transport, which torch.distributed does not
+know about. Both become a :class:`GroupInfo`, so validation, the door and the
+engine read one shape whoever called them.
+"""
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A group as the door and the engine see it.
+
+    Attributes:
+        transport: has ``send([tensor], peer, tag)`` and ``recv([tensor], peer, tag)``
+            taking group ranks (a torch ``ProcessGroup`` or a c10d ``Backend``).
+        ranks: global ranks of the members, in group-rank order (for messages,
+            traces and errors).
+        rank: this process's rank in the group, or -1 if it is not a member.
+        backend: the transport's kind, ``"gloo"`` or ``"nccl"``.
+        key: names the group identically on every member and uniquely in the process:
+            the engine keeps one queue per key, and calls are numbered per key.
+        store: a c10d Store every member reaches, used only to explain a timeout
+            (which call each rank is in); None if there is none.
+    """
+    transport: object
+    ranks: tuple
+    rank: int
+    backend: str
+    key: str
+    store: object = None
+
+    @property
+    def size(self):
+        return len(self.ranks)
+
+    @property
+    def member(self):
+        return self.rank >= 0
+
+
+def resolve(group, where):
+    """The :class:`GroupInfo` for ``group`` (None, a ProcessGroup, or a GroupInfo)."""
+    if isinstance(group, GroupInfo):
+        return group
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"{where}: the default process group is not initialised; "
+                         f"call torch.distributed.init_process_group(...) first")
+    me = dist.get_rank()
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        # new_group() hands ranks outside the group this marker instead of a group
+        return GroupInfo(group, (), -1, "", "", None)
+    if group is None:
+        group = dist.group.WORLD
+    elif not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{where}: group must be a process group from "
+                        f"torch.distributed.new_group(...) or None, got {type(group).__name__}")
+    ranks = tuple(dist.get_process_group_ranks(group))
+    if me not in ranks:
+        return GroupInfo(group, ranks, -1, "", "", None)
+    return GroupInfo(group, ranks, ranks.index(me), str(dist.get_backend(group)),
+                     "pg:" + group.group_name, _default_store())
+
+
+def _default_store():
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # a private helper: if a torch version lacks it, timeouts say less
+        return None

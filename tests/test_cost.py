@@ -1,0 +1,66 @@
+"""Every registered algorithm states its cost as code, and the cost model reads it from there."""
+import math
+
+import pytest
+
+from collectives import cost_model
+from collectives.algorithms import ALGORITHMS, MODULES, Cost, cost
+
+PARAMS = {"alpha": 2e-5, "beta": 1e-9, "gamma": 3e-10}
+
+
+@pytest.mark.parametrize("collective,algorithm",
+                         [(c, a) for c in ALGORITHMS for a in ALGORITHMS[c]])
+def test_every_registered_algorithm_states_its_cost(collective, algorithm):
+    module = MODULES[collective][algorithm]
+    assert callable(getattr(module, "cost", None)), f"{module.__name__} has no cost(n, s, item)"
+    assert "Extra memory:" in module.__doc__, f"{module.__name__}'s card does not state its extra memory"
+    assert cost(collective, algorithm, 1, 4096) == Cost()       # a group of one moves nothing
+    for n in (2, 3, 4, 5, 8):
+        for s in (0, 4, 4096, 1 << 20):
+            c = cost(collective, algorithm, n, s, 4)
+            assert isinstance(c, Cost)
+            assert all(isinstance(v, int) and v >= 0 for v in vars(c).values()), (n, s, c)
+            t = cost_model.predict(collective, algorithm, n, s, PARAMS)
+            assert math.isfinite(t) and t >= 0
+
+
+def test_a_module_without_a_cost_is_refused(monkeypatch):
+    monkeypatch.delattr(MODULES["all_reduce"]["ring"], "cost")
+    with pytest.raises(ValueError, match="states no cost"):
+        cost_model.predict("all_reduce", "ring", 4, 4096, PARAMS)
+
+
+@pytest.mark.parametrize("collective,algorithm", [("all_reduce", "ringg"), ("allreduce", "ring"),
+                                                  ("broadcast", "ring")])
+def test_predict_raises_on_an_unknown_name(collective, algorithm):
+    with pytest.raises(ValueError, match=f"no algorithm '{algorithm}' for '{collective}'"):
+        cost_model.predict(collective, algorithm, 4, 4096, PARAMS)
+
+
+def test_predict_is_the_stated_cost_in_seconds():
+    a, b, g = PARAMS["alpha"], PARAMS["beta"], PARAMS["gamma"]
+    for n in (2, 3, 4, 8):
+        for s in (4096, 1 << 20):
+            m = s / n
+            assert math.isclose(cost_model.predict("all_reduce", "ring", n, s, PARAMS),
+                                2 * (n - 1) * a + 2 * (n - 1) * m * b + (n - 1) * m * g,
+                                rel_tol=1e-3)   # exact pieces: N=3 cuts 4096 bytes 1366 + 1365 + 1365
+            c = cost("broadcast", "linear", n, s)
+            assert math.isclose(cost_model.predict("broadcast", "linear", n, s, PARAMS),
+                                (n - 1) * a + (n - 1) * s * b) and c.messages == n - 1
+    # the pipelined ring states its own time (reductions overlap transfers)
+    from collectives.algorithms import all_reduce_ring_pipelined as rp
+    assert cost_model.predict("all_reduce", "ring_pipelined", 4, 1 << 24, PARAMS) == rp.time(4, 1 << 24, a, b, g)
+    # recursive doubling on 3 ranks: the fold costs two more messages of S and one more reduction
+    s = 4096
+    assert math.isclose(cost_model.predict("all_reduce", "recursive_doubling", 3, s, PARAMS),
+                        3 * (a + s * b) + 2 * s * g)
+
+
+def test_model_crossovers():
+    """Latency-bound sizes favour few steps, bandwidth-bound sizes few bytes."""
+    names = ALGORITHMS["all_reduce"]
+    assert cost_model.best("all_reduce", names, 8, 64, PARAMS) == "recursive_doubling"
+    assert cost_model.best("all_reduce", names, 8, 64 << 20, PARAMS) in ("ring", "ring_pipelined", "rabenseifner")
+    assert cost_model.best("broadcast", ALGORITHMS["broadcast"], 8, 64, PARAMS) == "binomial_tree"

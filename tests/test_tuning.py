@@ -1,0 +1,161 @@
+"""What ``algorithm=None`` reads, in order: this machine's measured table (the per-user
+cache, keyed by machine and group size), the cost model with this machine's fitted
+parameters, the shipped table; and that it says which, once, at debug level."""
+import json
+import logging
+
+import pytest
+
+from collectives import cost_model, tuning
+from collectives.algorithms import ALGORITHMS
+
+FAST = {"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-10}       # a machine where latency is cheap
+SLOW = {"alpha": 1e-2, "beta": 1e-10, "gamma": 1e-10}       # and one where it dominates
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty per-user cache; every table is re-read."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("COLLECTIVES_TUNING_TABLE", raising=False)
+    tuning.reload()
+    yield tmp_path
+    tuning.reload()
+
+
+def write_cache(table):
+    path = tuning.cache_path()
+    import os
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(table, f)
+    tuning.reload()
+
+
+def test_cache_is_per_user_and_keyed_by_machine(cache):
+    path = tuning.cache_path()
+    assert path.startswith(str(cache / "collectives"))
+    m = tuning.machine()
+    assert m["cores"] and m["host"] and m["cpu"]
+    assert f"-{m['cores']}cpu-" in path
+    assert tuning.machine_key() in path
+
+
+def test_shipped_defaults_without_a_cache(cache, caplog):
+    shipped = json.load(open(tuning.TABLE_PATH))
+    points = shipped["choices"]["all_reduce"]["4"]
+    with caplog.at_level(logging.DEBUG, logger="collectives.tuning"):
+        assert tuning.choose("all_reduce", points[0][0], 4) == points[0][1]
+        tuning.choose("all_reduce", points[-1][0], 4)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"algorithm=None on 4 ranks: choosing from the shipped table {tuning.TABLE_PATH}"]
+
+
+def test_the_measured_table_comes_first(cache, caplog):
+    write_cache({"choices": {"all_reduce": {"4": [[4096, "naive_ring"], [1 << 20, "ring"]]}},
+                 "models": {"4": SLOW}})
+    with caplog.at_level(logging.DEBUG, logger="collectives.tuning"):
+        assert tuning.choose("all_reduce", 4096, 4) == "naive_ring"
+        assert tuning.choose("all_reduce", 1 << 20, 4) == "ring"
+        assert tuning.choose("all_reduce", 3 << 20, 4) == "ring"         # within BEYOND of the end
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"algorithm=None on 4 ranks: choosing from the table measured on this machine "
+                    f"({tuning.cache_path()})"]
+
+
+def test_then_the_model_with_this_machines_parameters(cache, caplog):
+    write_cache({"choices": {"all_reduce": {"4": [[4096, "naive_ring"]]}},
+                 "models": {"4": SLOW, "2": FAST}})
+    names = ALGORITHMS["all_reduce"]
+    with caplog.at_level(logging.DEBUG, logger="collectives.tuning"):
+        # far past the measured sizes: the model, with N=4's parameters
+        assert tuning.choose("all_reduce", 1 << 30, 4) == cost_model.best("all_reduce", names, 4, 1 << 30, SLOW)
+        # a group size never measured: the parameters of the nearest one measured (N=4 for 8)
+        assert tuning.choose("broadcast", 4096, 8) == cost_model.best("broadcast", ALGORITHMS["broadcast"],
+                                                                      8, 4096, SLOW)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"algorithm=None on {n} ranks: choosing from the cost model with this machine's "
+                    f"parameters ({tuning.cache_path()})" for n in (4, 8)]
+    # the two parameter sets disagree somewhere, so the lookup really used N=4's
+    assert any(cost_model.best("all_reduce", names, 8, s, SLOW) != cost_model.best("all_reduce", names, 8, s, FAST)
+               for s in (64, 4096, 1 << 16))
+
+
+def test_another_machines_cache_is_not_read(cache, monkeypatch):
+    write_cache({"choices": {"all_reduce": {"4": [[4096, "naive_ring"]]}}})
+    assert tuning.choose("all_reduce", 4096, 4) == "naive_ring"
+    monkeypatch.setattr(tuning, "machine", lambda: {"host": "elsewhere", "cpu": "x", "cores": 64})
+    tuning.reload()
+    assert tuning.choose("all_reduce", 4096, 4) != "naive_ring"
+
+
+def test_environment_table_replaces_cache_and_shipped(cache, tmp_path, monkeypatch):
+    write_cache({"choices": {"all_reduce": {"2": [[4096, "ring"]]}}})
+    named = tmp_path / "mine.json"
+    named.write_text(json.dumps({"choices": {"all_reduce": {"2": [[4096, "tree"]]}}}))
+    monkeypatch.setenv("COLLECTIVES_TUNING_TABLE", str(named))
+    tuning.reload()
+    assert tuning.choose("all_reduce", 4096, 2) == "tree"
+    monkeypatch.setenv("COLLECTIVES_TUNING_TABLE", str(tmp_path / "typo.json"))
+    tuning.reload()
+    with pytest.raises(ValueError, match=r"COLLECTIVES_TUNING_TABLE=.*typo\.json: cannot read"):
+        tuning.choose("all_reduce", 4096, 2)
+
+
+def test_write_table_merges_world_sizes_into_this_machines_cache(cache):
+    rows = [{"collective": "all_reduce", "world_size": n, "size": 4096, "algorithm": a, "time_us": t}
+            for n in (2, 4) for a, t in (("ring", 10.0 * n), ("tree", 5.0 * n), ("builtin", 1.0))]
+    tuning.write_table(tuning.cache_path(), rows[:3], {2: FAST}, {"run": 1})
+    tuning.write_table(tuning.cache_path(), rows[3:], {4: SLOW}, {"run": 2})
+    table = json.load(open(tuning.cache_path()))
+    assert table["choices"]["all_reduce"] == {"2": [[4096, "tree"]], "4": [[4096, "tree"]]}
+    assert table["models"] == {"2": FAST, "4": SLOW}
+    assert [m["run"] for m in table["measured"]] == [1, 2]
+    assert tuning.choose("all_reduce", 4096, 4) == "tree"
+
+
+def test_choose_always_names_a_registered_algorithm(cache):
+    for collective, names in ALGORITHMS.items():
+        for n in (1, 2, 3, 4, 5, 8, 16):
+            for nbytes in (0, 1, 4096, 1 << 20, 256 << 20):
+                assert tuning.choose(collective, nbytes, n) in names
+
+
+def test_best_from_rows_prefers_the_steady_winner_among_near_ties():
+    """tree is 5% faster at one size only: within noise, so ring (near-best everywhere) keeps it."""
+    rows = [{"collective": "all_reduce", "world_size": 2, "size": s, "algorithm": a, "time_us": t}
+            for s, a, t in ((1, "ring", 10), (1, "tree", 10.5), (1, "naive_ring", 30),
+                            (2, "ring", 10), (2, "tree", 9.5), (3, "ring", 10), (3, "tree", 20),
+                            (4, "ring", 30), (4, "tree", 10), (4, "builtin", 1), (4, "default", 1))]
+    assert tuning.best_from_rows(rows) == {"all_reduce": {"2": [[1, "ring"], [2, "ring"], [3, "ring"],
+                                                                [4, "tree"]]}}
+
+
+def test_tune_writes_a_table_that_choose_reads(tmp_path, monkeypatch):
+    """python -m benchmarks.tune, as small as it goes: one size, one collective, N=2."""
+    from benchmarks import tune
+    path = tmp_path / "table.json"
+    tune.main(["--world-size", "2", "-b", "4K", "-e", "4K", "--collective", "all_reduce",
+               "-n", "1", "-w", "0", "--top", "2", "--table", str(path), "--out", str(tmp_path / "out")])
+    table = json.loads(path.read_text())
+    (size, name), = table["choices"]["all_reduce"]["2"]
+    assert size == 4096 and name in ALGORITHMS["all_reduce"]
+    assert set(table["models"]["2"]) >= {"alpha", "beta", "gamma"}
+    assert table["measured"][-1]["machine"] == tuning.machine()
+    monkeypatch.setenv("COLLECTIVES_TUNING_TABLE", str(path))
+    tuning.reload()
+    try:
+        assert tuning.explain("all_reduce", 4096, 2) == (name, f"COLLECTIVES_TUNING_TABLE={path}")
+    finally:
+        monkeypatch.delenv("COLLECTIVES_TUNING_TABLE")
+        tuning.reload()
+
+
+def test_auto_choice_table_reads_auto_over_best():
+    from benchmarks import auto_choice
+    rows = [{"collective": "all_reduce", "world_size": 2, "size": 4096, "algorithm": a, "time_us": t,
+             "chosen": "ring" if a == "default" else None}
+            for a, t in (("ring", 10.0), ("tree", 8.0), ("default", 11.0), ("builtin", 1.0))]
+    text = auto_choice.table(rows, {(2, "all_reduce", 4096): "rules of thumb"})
+    assert "| all_reduce | 2 | 1.38 ** (ring; best tree) | 1.38 |" in text
+    assert "worst 1.38; 0/1 points within 1.10" in text and "rules of thumb" in text
