@@ -326,12 +326,17 @@ def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", p
         while len(out) < world_size and not errors:
             try:
                 rank, ok, value = results.get(timeout=0.1)
-                (out if ok and rank not in expect_exit else errors)[rank] = (
-                    value if rank not in expect_exit else
-                    f"rank {rank} was meant to die but {'returned' if ok else 'raised'}:\n{value}")
-                continue
             except queue.Empty:
                 pass
+            else:
+                if rank in expect_exit:
+                    how = "returned" if ok else "raised"
+                    errors[rank] = f"rank {rank} was meant to die but {how}:\n{value}"
+                elif ok:
+                    out[rank] = value
+                else:
+                    errors[rank] = value
+                continue
             now = time.monotonic()
             for r, p in enumerate(procs):
                 if p.exitcode is None or r in out or r in errors:
