@@ -78,3 +78,33 @@ def best(collective, algorithms, n, size, params):
     """The algorithm with the smallest predicted time."""
     times = {name: predict(collective, name, n, size, params) for name in algorithms}
     return min(times, key=times.get) if times else None
+
+
+def table(collective, n, size, notes=None):
+    """A markdown table of every algorithm's stated cost for ``n`` ranks and ``size`` bytes.
+
+    Bytes are given as multiples of S = ``size``; ``notes`` ({algorithm: text})
+    adds a last column. Chapter 5's table is this one (tests/test_cost.py checks).
+
+    Example::
+
+        >>> print(table("all_reduce", 4, 1 << 20))
+        | algorithm | steps | messages per rank | bytes sent per rank | bytes on the critical path | extra memory |
+        |---|---|---|---|---|---|
+        | `naive_ring` | 3 | 3 | 3 S | 3 S | 4 S |
+        ...
+    """
+    from .algorithms import ALGORITHMS
+    head = ["algorithm", "steps", "messages per rank", "bytes sent per rank",
+            "bytes on the critical path", "extra memory"] + (["wins when"] if notes else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    times_s = lambda b: f"{b / size:g} S" if b else "0"  # noqa: E731
+    for name in ALGORITHMS[collective]:
+        c = cost(collective, name, n, size)
+        row = [f"`{name}`", str(c.steps), str(c.messages), times_s(c.sent_bytes),
+               times_s(c.critical_bytes), times_s(c.extra_memory)]
+        if notes:
+            row.append(notes.get(name, ""))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+

@@ -62,8 +62,15 @@ def resolve(group, where):
     ranks = tuple(dist.get_process_group_ranks(group))
     if me not in ranks:
         return GroupInfo(group, ranks, -1, "", "", None)
-    return GroupInfo(group, ranks, ranks.index(me), str(dist.get_backend(group)),
-                     "pg:" + group.group_name, _default_store())
+    backend = str(dist.get_backend(group))
+    if "collectives" in backend:
+        # a group on our torch backend (collectives.backend): run on its inner transport
+        # and in its engine lane, so our calls and torch's keep their issue order
+        from .backend import backend_of
+        ours = backend_of(group)
+        if ours is not None:
+            return ours.group_info
+    return GroupInfo(group, ranks, ranks.index(me), backend, "pg:" + group.group_name, _default_store())
 
 
 def _default_store():

@@ -1,5 +1,7 @@
 """Every registered algorithm states its cost as code, and the cost model reads it from there."""
 import math
+import pathlib
+import re
 
 import pytest
 
@@ -64,3 +66,35 @@ def test_model_crossovers():
     assert cost_model.best("all_reduce", names, 8, 64, PARAMS) == "recursive_doubling"
     assert cost_model.best("all_reduce", names, 8, 64 << 20, PARAMS) in ("ring", "ring_pipelined", "rabenseifner")
     assert cost_model.best("broadcast", ALGORITHMS["broadcast"], 8, 64, PARAMS) == "binomial_tree"
+
+
+CHAPTER = pathlib.Path(__file__).resolve().parents[1] / "tutorials" / "05_algorithms.md"
+MARKER = '<!-- cost table: collectives.cost_model.table("all_reduce", 4, 1 << 20, notes); ' \
+         'tests/test_cost.py checks it -->\n'
+
+
+def chapter_table(text):
+    start = text.index(MARKER) + len(MARKER)
+    return text[start:text.index("\n\n", start)]
+
+
+def expected_table(text):
+    notes = {}
+    for line in chapter_table(text).splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        notes[re.match(r"`(\w+)`", cells[0]).group(1)] = cells[-1]
+    return cost_model.table("all_reduce", 4, 1 << 20, notes)
+
+
+def test_chapter_5_table_is_generated_from_cost():
+    """tutorials/05_algorithms.md's all_reduce table is ``cost_model.table`` (its last column,
+    the prose, is kept). To regenerate: ``python -m tests.test_cost``."""
+    text = CHAPTER.read_text()
+    assert chapter_table(text) == expected_table(text), (
+        "chapter 5's cost table differs from the algorithms' cost(); run python -m tests.test_cost")
+
+
+if __name__ == "__main__":
+    text = CHAPTER.read_text()
+    CHAPTER.write_text(text.replace(chapter_table(text), expected_table(text)))
+    print(f"rewrote the cost table in {CHAPTER}")

@@ -21,7 +21,7 @@ from .worlds import run_world
 
 ELEM = 4                                   # float32
 SMALL = (0, 1, 7, 1000)                    # elements of the tensor (or of one rank's piece)
-LARGE = 1_300_001                          # ~5 MiB: several segments, blocks over 1 MiB
+LARGE = (1 << 18, 1_300_001)               # 1 MiB (chapter 5's table), ~5 MiB: segments, pieces
 BIG = ("all_reduce", "broadcast")
 
 
@@ -57,10 +57,10 @@ def measure_world(rank, n):
     out = {}
     for collective, names in ALGORITHMS.items():
         for algorithm in names:
-            for e in SMALL + ((LARGE,) if collective in BIG else ()):
+            for e in SMALL + (LARGE if collective in BIG else ()):
                 with collectives.count_traffic() as t, collectives.trace() as messages:
                     s = call(collective, algorithm, n, rank, e)
-                sends = [(m.step, m.nbytes) for m in messages if m.kind == "send"]
+                sends = [(m.step, m.nbytes) for m in messages.messages if m.kind == "send"]
                 out[collective, algorithm, s] = (t.sent_messages, t.recv_messages, t.sent_bytes,
                                                  t.recv_bytes, sends)
     return out

@@ -22,6 +22,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 from datetime import timedelta
 
 import pytest
@@ -228,29 +229,46 @@ EXIT_WARNING = re.compile(r"collectives.*(unwaited|(not|never) (been )?waited|pe
                           r"outstanding|in flight|still running)", re.I)
 
 
-@pytest.mark.parametrize("mode, code", [("destroy", 3), ("exit", 0), ("exit", 3)])
-def test_exit_with_unwaited_async_work(tmp_path, mode, code):
-    script = tmp_path / "exit_with_work.py"
+# sys.exit(3) and falling off the end both end through interpreter finalization; 3 shows
+# that the code is the program's. Each case costs two fresh interpreters importing torch.
+EXIT_CASES = [("destroy", 3), ("exit", 3)]
+
+
+@pytest.fixture(scope="module")
+def exits(tmp_path_factory):
+    """Every case's two ranks started at once (each process imports torch: seconds apiece);
+    {case: [(returncode, stderr) per rank]}."""
+    script = tmp_path_factory.mktemp("exit") / "exit_with_work.py"
     script.write_text(EXIT_SCRIPT)
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2", COLLECTIVES_TIMEOUT="10", PYTHONPATH=ROOT)
-        env.pop("COLLECTIVES_DEBUG", None)
-        procs.append(subprocess.Popen([sys.executable, str(script), mode, str(code)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
+    procs = {}
+    for mode, code in EXIT_CASES:
+        port = free_port()
+        for rank in range(2):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                       WORLD_SIZE="2", COLLECTIVES_TIMEOUT="10", PYTHONPATH=ROOT)
+            env.pop("COLLECTIVES_DEBUG", None)
+            procs[(mode, code, rank)] = subprocess.Popen(
+                [sys.executable, str(script), mode, str(code)], env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = {}
+    deadline = time.monotonic() + 120
     try:
-        for p in procs:
-            _, err = p.communicate(timeout=90)
-            results.append((p.returncode, err))
+        for key, p in procs.items():
+            _, err = p.communicate(timeout=max(deadline - time.monotonic(), 1))
+            results.setdefault(key[:2], []).append((p.returncode, err))
     finally:
-        for p in procs:
+        for p in procs.values():
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    for rank, (rc, err) in enumerate(results):
+    return results
+
+
+@pytest.mark.parametrize("mode, code", EXIT_CASES)
+def test_exit_with_unwaited_async_work(exits, mode, code):
+    """Async work never waited for, then destroy_process_group() and sys.exit(code), or just
+    the end of the program: no SIGABRT, the program's own exit code, one warning."""
+    for rank, (rc, err) in enumerate(exits[(mode, code)]):
         tail = err[-2000:]
         assert rc != -signal.SIGABRT, f"rank {rank} aborted (SIGABRT):\n{tail}"
         assert rc == code, f"rank {rank} exited with {rc}, the program's own code is {code}:\n{tail}"
@@ -380,14 +398,28 @@ def test_bad_timeout_values_raise_one_clear_error_at_the_first_call():
 
 # --- (g) a rank that stops answering -----------------------------------------------------
 
-STOPPED = 2
-
-
-def _stopped_world(rank, world_size):
-    if rank == STOPPED:
+def _stopped_world(rank, world_size, stopped):
+    if rank == stopped:
         os.kill(os.getpid(), signal.SIGSTOP)   # alive, sockets open, silent
         return None
     return attempt(lambda: collectives.all_reduce(torch.ones(1024), algorithm="ring"))[:3]
+
+
+def _stopped_worker(rank, n, port, stopped, env, results):
+    """Like worlds' worker, but the result is flushed before anything else and the group is
+    not torn down: with a member stopped, teardown may block (with rank 0 stopped it held
+    the result back for good)."""
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    try:
+        value = (True, _stopped_world(rank, n, stopped))
+    except BaseException:
+        value = (False, traceback.format_exc())
+    results.put((rank, *value))
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 def _process_state(pid):
@@ -398,17 +430,19 @@ def _process_state(pid):
         return "?"
 
 
-def test_stopped_rank_is_named_by_the_survivors():
-    """Rank 2 of 4 is SIGSTOPped before a ring all_reduce; every survivor's error names rank 2,
-    not the neighbour that only forwarded the silence. The stopped rank is SIGKILLed at the end."""
+@pytest.mark.parametrize("stopped", [2, 0])
+def test_stopped_rank_is_named_by_the_survivors(stopped):
+    """One rank of 4 is SIGSTOPped before a ring all_reduce; every survivor's error names it,
+    not the neighbour that only forwarded the silence. Rank 0 also hosts the rendezvous store,
+    so it cannot be asked where it is. The stopped rank is SIGKILLed at the end."""
     n = 4
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([worlds.__name__])
     results = ctx.Queue()
     port = free_port()
     env = {"COLLECTIVES_TIMEOUT": str(TIMEOUT)}
-    procs = [ctx.Process(target=worlds._worker, daemon=True,
-                         args=(r, n, port, _stopped_world, (), env, results, "gloo")) for r in range(n)]
+    procs = [ctx.Process(target=_stopped_worker, daemon=True,
+                         args=(r, n, port, stopped, env, results)) for r in range(n)]
     for p in procs:
         p.start()
     out, states = {}, set()
@@ -420,7 +454,7 @@ def test_stopped_rank_is_named_by_the_survivors():
             except Exception:
                 continue
             out[rank] = value if ok else ("traceback", 0.0, value)
-        states.add(_process_state(procs[STOPPED].pid))
+        states.add(_process_state(procs[stopped].pid))
     finally:
         for p in procs:
             if p.is_alive():
@@ -428,8 +462,8 @@ def test_stopped_rank_is_named_by_the_survivors():
         for p in procs:
             p.join(10)
     assert not any(p.is_alive() for p in procs), "a process of the world outlived the test"
-    assert states == {"T"}, f"rank {STOPPED} was not stopped (state {states})"
-    assert sorted(out) == [r for r in range(n) if r != STOPPED], f"ranks that answered: {sorted(out)}"
+    assert states == {"T"}, f"rank {stopped} was not stopped (state {states})"
+    assert sorted(out) == [r for r in range(n) if r != stopped], f"ranks that answered: {sorted(out)}"
     bad = []
     for rank, (kind, seconds, text) in sorted(out.items()):
         blamed = text.replace(f"on rank {rank}", "")
@@ -437,6 +471,6 @@ def test_stopped_rank_is_named_by_the_survivors():
             bad.append(f"rank {rank}: {kind}: {text}")
         elif seconds > TIMEOUT + SLACK:
             bad.append(f"rank {rank}: took {seconds:.1f} s")
-        elif not re.search(rf"\brank {STOPPED}\b", blamed):
-            bad.append(f"rank {rank}'s error does not name the stopped rank {STOPPED}: {text}")
+        elif not re.search(rf"\brank {stopped}\b", blamed):
+            bad.append(f"rank {rank}'s error does not name the stopped rank {stopped}: {text}")
     assert not bad, "\n".join(bad)

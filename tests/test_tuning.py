@@ -42,7 +42,8 @@ def test_cache_is_per_user_and_keyed_by_machine(cache):
 
 
 def test_shipped_defaults_without_a_cache(cache, caplog):
-    shipped = json.load(open(tuning.TABLE_PATH))
+    with open(tuning.TABLE_PATH) as f:
+        shipped = json.load(f)
     points = shipped["choices"]["all_reduce"]["4"]
     with caplog.at_level(logging.DEBUG, logger="collectives.tuning"):
         assert tuning.choose("all_reduce", points[0][0], 4) == points[0][1]
@@ -107,7 +108,8 @@ def test_write_table_merges_world_sizes_into_this_machines_cache(cache):
             for n in (2, 4) for a, t in (("ring", 10.0 * n), ("tree", 5.0 * n), ("builtin", 1.0))]
     tuning.write_table(tuning.cache_path(), rows[:3], {2: FAST}, {"run": 1})
     tuning.write_table(tuning.cache_path(), rows[3:], {4: SLOW}, {"run": 2})
-    table = json.load(open(tuning.cache_path()))
+    with open(tuning.cache_path()) as f:
+        table = json.load(f)
     assert table["choices"]["all_reduce"] == {"2": [[4096, "tree"]], "4": [[4096, "tree"]]}
     assert table["models"] == {"2": FAST, "4": SLOW}
     assert [m["run"] for m in table["measured"]] == [1, 2]

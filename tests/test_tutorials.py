@@ -20,9 +20,10 @@ OUTPUTS = [(path.name, command, shown) for path in CHAPTERS
            for command, shown in sync.outputs(path.read_text())]
 
 
-def test_nine_chapters_in_order():
+def test_chapters_numbered_in_order():
+    # 1-9 are the core course; later chapters (ZeRO, SyncBatchNorm, ...) follow without gaps.
     numbers = [int(p.name[:2]) for p in CHAPTERS]
-    assert numbers == list(range(1, 10)), [p.name for p in CHAPTERS]
+    assert len(numbers) >= 9 and numbers == list(range(1, len(numbers) + 1)), [p.name for p in CHAPTERS]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)

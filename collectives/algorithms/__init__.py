@@ -20,7 +20,7 @@ from . import (all_gather_recursive_doubling, all_gather_ring, all_reduce_naive_
                broadcast_scatter_allgather, gather_binomial_tree, gather_linear,
                reduce_binomial_tree, reduce_linear, reduce_scatter_recursive_halving,
                reduce_scatter_ring, scatter_binomial_tree, scatter_linear)
-from ._cost import Cost
+from ._cost import Cost  # noqa: F401  (re-exported: what cost() returns)
 
 MODULES = {
     "broadcast": {

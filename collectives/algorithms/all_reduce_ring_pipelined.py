@@ -35,10 +35,11 @@ Worked example, N=4, K=2, SUM, rank r holds [a_r, b_r, c_r, d_r]; what rank 0 do
   then D, C, B arrive segment by segment and are forwarded.
   result on every rank: [A, B, C, D], the same bits as ``ring``.
 
-Extra memory: min(DEPTH, (N-1)K) segments of S/(NK), at most DEPTH/K chunks
-of S/N (S/(2N) when K = 4): the inbox slots the reduce-scatter receives into;
-the all-gather receives straight into the tensor. (Measured per rank at 64 MiB:
-filled in from ``benchmarks/memory.py``.)
+Extra memory: min(DEPTH, (N-1)K) segments of S/(NK), at most DEPTH/K chunks of
+S/N (S/(2N) when K = 4): the inbox slots the reduce-scatter receives into; the
+all-gather receives straight into the tensor. (Measured, largest rank, 64 MiB
+float32: 15.9 MiB at N=2, 8.0 MiB at N=4; the built-in 2.0 MiB. ``python -m
+benchmarks.memory -b 64M --world-size 2,4``, 2026-11-23.)
 
 Reference: Patarasuk and Yuan, JPDC 2009 (segmented rings); gloo's
 ``allreduce_ring_chunked`` and NCCL's ring, which pipeline the same way.

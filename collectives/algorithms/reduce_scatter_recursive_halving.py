@@ -32,7 +32,7 @@ Reference: Thakur, Rabenseifner and Gropp, IJHPCA 2005, section 4.
 """
 import torch
 
-from ._cost import NOTHING, Tally, pieces
+from ._cost import NOTHING, Tally
 from ._util import (first_real_rank, fold, fold_in, fold_out, real_rank, split_bounds,
                     tally_fold_in, tally_fold_out, virtual_rank)
 

@@ -28,7 +28,7 @@ def traced_steps(algorithm, rank, world_size):
     with collectives.trace() as messages:
         collectives.all_reduce(x, algorithm=algorithm)
     everyone = [None] * world_size
-    dist.all_gather_object(everyone, [(m.step, m.nbytes) for m in messages if m.kind == "send"])
+    dist.all_gather_object(everyone, [(m.step, m.nbytes) for m in messages.messages if m.kind == "send"])
     largest = {}
     for sent in everyone:
         for step, nbytes in sent:
@@ -69,10 +69,13 @@ def demo(rank, world_size):
         best = min(times, key=times.get)
         print(f"  {pretty(nbytes):>9s}" + "".join(f"{t * 1e6:13.1f}" for t in times.values())
               + f"  {best}")
+        # Above 1 MiB Rabenseifner cuts its halves into more messages (to bound its
+        # memory), which the 16 KiB trace cannot show: compare where the schedules are the same.
         for a, t in times.items():
             card = cost_model.predict("all_reduce", a, world_size, nbytes, params)
-            agree = agree and abs(card - t) <= 1e-9 * max(t, 1e-6)
-    print(f"collectives.cost_model.predict (the cards' formulas) gives the same times: {agree}")
+            agree = agree and (nbytes > 1024 ** 2 or abs(card - t) <= 1e-9 * max(t, 1e-6))
+    print(f"collectives.cost_model.predict (each algorithm's cost()) gives the same times "
+          f"up to 1 MiB: {agree}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
     python -m tutorials.demos.ch08_practicalities
 
-1. Log and draw progress bars on rank 0 only.
+1. Each rank's loss is its own shard's: all_reduce it (AVG) to log the global batch's loss,
+   then log and draw progress bars on rank 0 only.
 2. Rank 0 prepares the data while the others wait at a barrier.
 3. Rank 0 writes the checkpoint, everyone waits, then everyone may read it.
-4. Ranks that call different collectives: ``COLLECTIVES_DEBUG=1`` names the mismatch.
+4. Ranks that call different collectives: ``COLLECTIVES_DEBUG=1`` names the mismatch at once.
 """
 import os
 import shutil
@@ -28,13 +29,30 @@ def log(*args):
 
 
 def demo(rank, world_size):
-    # 1. tqdm draws on stderr; disable it everywhere but rank 0.
+    # 1. In synchronous SGD every rank computes the loss of its own shard of the
+    # batch: the values differ. The gradients are averaged; the loss is not,
+    # unless we do it. To log the global batch's loss, average it: every rank
+    # must call the all_reduce (inside "if rank == 0" it would hang).
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)                  # the same weights on every rank
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)   # the global batch
+    shard = slice(rank * 8 // world_size, (rank + 1) * 8 // world_size)
+    loss = torch.nn.functional.mse_loss(model(x[shard]), y[shard])
+    log("1. every rank computes the loss of its own shard of the batch:")
+    print_ranks(f"loss of my shard {loss.item():.4f}")
+    logged = loss.detach().clone()                 # a copy: the graph and loss itself stay as they are
+    collectives.all_reduce(logged, op=dist.ReduceOp.AVG)
+    whole = torch.nn.functional.mse_loss(model(x), y).item()
+    log(f"   all_reduce(AVG) of the shard losses: {logged.item():.4f}; loss of the whole batch "
+        f"in one process: {whole:.4f}")
+    # tqdm draws on stderr; disable it everywhere but rank 0.
     total = torch.zeros(1)
     for step in tqdm(range(5), desc="training", disable=rank != 0):
         t = torch.tensor([float(step)])
         collectives.all_reduce(t)
         total += t
-    log(f"1. five steps done; sum of all_reduce results: {total.item():g} "
+    log(f"   five steps with a progress bar on rank 0; sum of all_reduce results: {total.item():g} "
         f"(= {world_size} x (0+1+2+3+4))")
 
     # Every rank needs the same directory: rank 0 makes it and broadcasts its name.
@@ -67,11 +85,13 @@ def demo(rank, world_size):
         shutil.rmtree(workdir)
 
     # 4. The classic hang: one rank's tensor has a different shape (say, a last
-    # batch that is one sample short). Without checking, both ranks would wait
-    # for messages that never match; with COLLECTIVES_DEBUG=1 every rank raises.
+    # batch that is one sample short). Unchecked, both ranks would wait for
+    # messages that never match, until COLLECTIVES_TIMEOUT; with
+    # COLLECTIVES_DEBUG=1 the ranks compare the call first and every rank raises.
     os.environ["COLLECTIVES_DEBUG"] = "1"
+    group = dist.new_group()     # calls are numbered per group: this one's first call is #0
     try:
-        collectives.all_reduce(torch.ones(4 if rank == 0 else 3), algorithm="ring")
+        collectives.all_reduce(torch.ones(4 if rank == 0 else 3), group=group, algorithm="ring")
         outcome = "no error"
     except collectives.DesyncError as error:
         outcome = str(error)
@@ -79,7 +99,6 @@ def demo(rank, world_size):
         del os.environ["COLLECTIVES_DEBUG"]
     log("4. rank 0 all_reduces 4 elements, rank 1 only 3; with COLLECTIVES_DEBUG=1:")
     log(outcome)
-
 
 if __name__ == "__main__":
     run(demo, WORLD_SIZE)

@@ -4,12 +4,14 @@
 
 Every rank runs an all_reduce with gloo on CPU tensors. Where each rank has a
 GPU of its own, it also builds an NCCL group and runs the same all_reduce on
-CUDA tensors, ours and the built-in; without GPUs that part says so and skips.
+CUDA tensors, ours and the built-in, and takes one DDP step with
+``device_ids=[local_rank]``; without GPUs that part says so and skips.
 """
 import os
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 import collectives
 from tutorials.demos.common import print_ranks, run
@@ -34,6 +36,7 @@ def demo(rank, world_size):
     if rank == 0:
         print(f"gloo, CPU tensors: ours {ours.tolist()}, torch {theirs.tolist()}, "
               f"equal: {torch.equal(ours, theirs)}")
+        print(f"mpi backend in this torch build: {dist.is_mpi_available()}")
 
     # Every rank must take part in new_group, so all ranks decide the same way.
     have_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
@@ -49,6 +52,12 @@ def demo(rank, world_size):
     ours, theirs = compare(x.to(device), nccl, "ring")
     print_ranks(f"nccl on {ours.device}: ours {ours.tolist()}, torch {theirs.tolist()}, "
                 f"equal: {torch.equal(ours, theirs)}")
+    # DDP on GPUs: the model on this process's GPU, device_ids naming that one GPU.
+    model = DistributedDataParallel(torch.nn.Linear(4, 2).to(device), device_ids=[local_rank],
+                                    output_device=local_rank, process_group=nccl)
+    model(torch.randn(8, 4, device=device)).sum().backward()
+    print_ranks(f"DDP step on {next(model.parameters()).device}, gradient on "
+                f"{model.module.weight.grad.device}")
     dist.destroy_process_group(nccl)
 
 

@@ -27,7 +27,7 @@ def all_reduce_trace(rank, world_size, algorithm, elements):
     collectives.barrier()          # start together: the picture shows the algorithm, not stragglers
     with collectives.trace() as messages:
         collectives.all_reduce(x, algorithm=algorithm)
-    return gather_to_rank0(messages)
+    return gather_to_rank0(messages.messages)
 
 
 def all_reduce_traces(rank, world_size, algorithms, elements):
@@ -39,9 +39,13 @@ def all_reduce_traces(rank, world_size, algorithms, elements):
 def training_step_trace(rank, world_size, bucket_cap_mb=0.05, batch=32):
     """One DataParallel training step of the MNIST net on random data, traced.
 
-    Returns (messages, events) on rank 0: events are (rank, time, label) for
-    the start of backward and the moment autograd produced the last gradient,
-    so the picture shows which bucket reductions overlapped with backward.
+    Returns (messages, events, buckets, calls) on rank 0 (None elsewhere): events are
+    (rank, time, label) for the start of forward, the start of backward, the
+    moment autograd produced the last gradient and the return of backward, so
+    the picture shows which bucket reductions overlapped with backward;
+    buckets lists each bucket's parameter sizes, in the order they are reduced;
+    calls are (rank, call number, start, end) of each rank's all_reduce calls
+    (one per bucket).
     """
     torch.manual_seed(0)
     model = collectives.DataParallel(Net(), bucket_cap_mb=bucket_cap_mb, algorithm="ring")
@@ -56,18 +60,22 @@ def training_step_trace(rank, world_size, bucket_cap_mb=0.05, batch=32):
     events.clear()
     collectives.barrier()
     with collectives.trace() as messages:
+        events.append((rank, time.time(), "forward starts"))
         loss = nn.functional.cross_entropy(model(x), y)
         events.append((rank, time.time(), "backward starts"))
         loss.backward()
         events.append((rank, time.time(), "backward returns"))
-    return gather_to_rank0(messages), gather_to_rank0(events)
+    buckets = [[p.numel() for p in b.params] for b in model.buckets]
+    calls = [(rank, c.seq, c.start, c.end) for c in messages.calls]
+    messages, events, calls = (gather_to_rank0(r) for r in (messages.messages, events, calls))
+    return (messages, events, buckets, calls) if rank == 0 else None
 
 
 def train_mnist(rank, world_size, data_dir, steps, losses, subset=2048, batch_size=64):
-    """Train the MNIST net with DataParallel for ``steps`` steps; rank 0 puts (step, loss) on ``losses``.
+    """Train the MNIST net with DataParallel for ``steps`` steps; rank 0 puts results on ``losses``.
 
-    ``losses`` is a queue the notebook reads while training runs (the live curve).
-    The loss sent is the global batch's mean loss (averaged over the ranks).
+    ``losses`` is a queue the notebook reads while training runs (the live curve):
+    one (step, global batch's mean loss, [each rank's own loss]) per step, then None.
     """
     from collectives.data import load_mnist, prepare_mnist, train_loader
     if rank == 0:
@@ -87,10 +95,13 @@ def train_mnist(rank, world_size, data_dir, steps, losses, subset=2048, batch_si
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
             optimizer.step()
-            mean = loss.detach().clone()
-            collectives.all_reduce(mean, op=collectives.ReduceOp.AVG)
+            # Each rank's loss is its own shard's (chapter 8): gather them all, and their mean
+            # is the global batch's loss.
+            everyone = [torch.empty(1) for _ in range(world_size)]
+            collectives.all_gather(everyone, loss.detach().reshape(1))
             if rank == 0:
-                losses.put((step, mean.item()))
+                per_rank = [t.item() for t in everyone]
+                losses.put((step, sum(per_rank) / world_size, per_rank))
             step += 1
             if step == steps:
                 break
@@ -101,8 +112,21 @@ def train_mnist(rank, world_size, data_dir, steps, losses, subset=2048, batch_si
 
 
 def training_step_traces(rank, world_size, caps):
-    """{bucket_cap_mb: (messages, events)} on rank 0, one traced step per cap."""
+    """{bucket_cap_mb: (messages, events, buckets, calls)} on rank 0, one traced step per cap."""
     traces = {cap: training_step_trace(rank, world_size, cap) for cap in caps}
+    return traces if rank == 0 else None
+
+
+def repeated_all_reduce_traces(rank, world_size, algorithms, elements, repeats):
+    """{algorithm: [messages of call 1, call 2, ...]} on rank 0: ``repeats`` traced calls each.
+
+    The algorithms take turns (a, b, a, b, ...), so a busy moment of the machine
+    slows both alike; one call of 4 KiB on shared cores varies by several times.
+    """
+    traces = {a: [] for a in algorithms}
+    for _ in range(repeats):
+        for a in algorithms:
+            traces[a].append(all_reduce_trace(rank, world_size, a, elements))
     return traces if rank == 0 else None
 
 
@@ -115,5 +139,5 @@ def broadcast_traces(rank, world_size, algorithms, elements):
         collectives.barrier()
         with collectives.trace() as messages:
             collectives.broadcast(x, src=0, algorithm=algorithm)
-        traces[algorithm] = gather_to_rank0(messages)
+        traces[algorithm] = gather_to_rank0(messages.messages)
     return traces if rank == 0 else None

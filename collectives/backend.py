@@ -1,0 +1,520 @@
+"""A torch.distributed backend named ``collectives``: unmodified torch programs on our algorithms.
+
+``import collectives`` registers it. Then::
+
+    dist.init_process_group("collectives")          # or "cpu:collectives,cuda:nccl", env://, ...
+    model = DistributedDataParallel(model)           # torch's own DDP, FSDP2, DTensor, dist.*
+
+runs every collective those programs issue as one of the algorithms in
+``collectives/algorithms/``, its messages moving through our one door
+(:class:`~collectives.p2p_communications.Comm`), so ``count_traffic()``,
+``trace()``, ``COLLECTIVES_TIMEOUT`` and ``COLLECTIVES_VERBOSE`` see them.
+
+How torch reaches us: ``init_process_group`` calls :func:`_create` (the creator
+registered with ``Backend.register_backend``) once per group with the group's
+store, rank and size. It returns a :class:`CollectivesBackend`, a Python
+subclass of torch's C++ ``Backend``; torch's ``ProcessGroup`` then calls its
+methods (``allreduce``, ``all_gather_single``, ...) for every collective on
+that group. Each method checks what our algorithms cannot do (naming torch's
+operation and the reason) and calls our public API (:mod:`collectives.api`,
+:mod:`collectives.tensor_api`) with the group's :class:`~collectives.group.GroupInfo`,
+so validation, aliasing, staging, call tags and the group's engine lane are the
+ones every other caller gets. It returns a :class:`BackendWork` whose future's
+value is the list of output tensors, which is what DDP's reducer, comm hooks and
+FSDP2 read, and whose ``wait()`` raises the collective's error.
+
+The messages themselves travel over an inner point-to-point transport: a
+``ProcessGroupGloo`` built from a prefixed copy of the group's store. Only its
+``send``/``recv`` are used, never its collectives. CUDA tensors are copied to
+host memory and back around the algorithm (NCCL as inner transport is not
+wired in yet).
+
+Choosing algorithms: ``COLLECTIVES_ALGO="all_reduce:ring,broadcast:binomial_tree"``
+(like ``NCCL_ALGO``), read when a group is created; a collective left out gets
+the automatic choice (``collectives.tuning``). Unknown names raise at
+``init_process_group``.
+"""
+import datetime
+import os
+import threading
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+
+from . import api, reduce_ops, tensor_api
+from .algorithms import ALGORITHMS
+from .algorithms.all_gather_ring import ring_all_gather
+from .engine import engine
+from .group import GroupInfo
+from .p2p_communications import Comm
+
+NAME = "collectives"
+ENV_ALGO = "COLLECTIVES_ALGO"
+
+
+from torch._C._distributed_c10d import Work as _C10dWork
+
+
+def parse_algorithms(text, where=ENV_ALGO):
+    """``"all_reduce:ring,broadcast:binomial_tree"`` -> ``{"all_reduce": "ring", ...}``.
+
+    Raises ValueError naming the bad entry and the valid names.
+
+    Example::
+
+        >>> parse_algorithms("all_reduce:ring, all_gather:recursive_doubling")
+        {'all_reduce': 'ring', 'all_gather': 'recursive_doubling'}
+    """
+    chosen = {}
+    for entry in (text or "").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        collective, sep, algorithm = (s.strip() for s in entry.partition(":"))
+        if not sep or not algorithm:
+            raise ValueError(f"{where}: entry {entry!r} must read collective:algorithm, "
+                             f"e.g. all_reduce:ring")
+        if collective not in ALGORITHMS:
+            raise ValueError(f"{where}: unknown collective {collective!r} in {entry!r}; "
+                             f"valid: {', '.join(ALGORITHMS)}")
+        if algorithm not in ALGORITHMS[collective]:
+            raise ValueError(f"{where}: unknown algorithm {algorithm!r} for {collective}; "
+                             f"valid: {', '.join(ALGORITHMS[collective])}")
+        chosen[collective] = algorithm
+    return chosen
+
+
+class BackendWork(_C10dWork):
+    """torch's ``Work`` for one of our collectives: ``wait()`` raises its error.
+
+    torch's own ``_create_work_from_future`` would do for DDP (which reads the
+    future) but its ``wait()`` returns normally when the future holds an error,
+    so a timed-out ``dist.all_reduce`` would look like a success. torch calls
+    ``wait`` and ``get_future`` on a Python subclass (its C++ side forwards both).
+    """
+
+    def __init__(self, future, description):
+        super().__init__()
+        self._future, self._description = future, description
+        self._done = threading.Event()
+        future.add_done_callback(lambda _: self._done.set())
+
+    def wait(self, timeout=None):
+        """Block until done and raise its error; ``timeout`` (a timedelta or seconds) bounds the wait."""
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        if not self._done.wait(timeout if timeout and timeout > 0 else None):
+            raise TimeoutError(f"collectives backend: {self._description} did not finish within "
+                               f"{timeout:g} s (wait(timeout=...))")
+        self._future.wait()          # raises the collective's error, if any
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self.exception() is None
+
+    def exception(self):
+        if not self._done.is_set():
+            return None
+        try:
+            self._future.wait()
+        except Exception as exc:
+            return exc
+        return None
+
+    def result(self):
+        return self._future.wait()
+
+
+class UnsupportedOperation(RuntimeError):
+    """An operation or tensor the ``collectives`` backend cannot carry (never a silent fallback)."""
+
+
+def _unsupported(op, reason):
+    return UnsupportedOperation(f"collectives backend: {op}: {reason}")
+
+
+class CollectivesBackend(_C10dBackend):
+    """torch's ``Backend`` interface, answered by our algorithms.
+
+    Built by :func:`_create`; not meant to be constructed by hand. ``ranks``
+    are the global ranks of the group in group-rank order.
+    """
+
+    def __init__(self, store, rank, size, timeout, ranks, group_name=""):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        self._ranks = list(ranks)
+        self._me = self._ranks[rank]
+        self._group_name = group_name
+        self._timeout = timeout
+        self._store = store
+        self._algorithms = parse_algorithms(os.environ.get(ENV_ALGO, ""))
+        # A prefixed copy of the store, so the inner transport's keys never meet
+        # the ones torch (or another backend on this group) writes.
+        self._transport = ProcessGroupGloo(PrefixStore(f"{NAME}/", store), rank, size, timeout)
+        # The user's own send/recv get a transport of their own: tags are the only
+        # thing gloo pairs messages by, and the door's tags could equal a user's.
+        self._p2p_transport = ProcessGroupGloo(PrefixStore(f"{NAME}-p2p/", store), rank, size, timeout)
+        self._info = GroupInfo(self._transport, tuple(self._ranks), rank, "gloo", f"pg:{group_name}", store)
+
+    # -- what torch asks about the backend -------------------------------------------------
+
+    def getBackendName(self):  # noqa: N802 (torch's name)
+        return NAME
+
+    def name(self):
+        return NAME
+
+    @property
+    def supports_splitting(self):
+        return True
+
+    @property
+    def supports_coalescing(self):
+        return False
+
+    @property
+    def options(self):
+        """torch's ``Backend.Options`` for this group. Defined here because torch's
+        own (2.15) asks the Python object for ``options`` and, finding only the
+        C++ property, calls itself until Python's recursion limit (split_group)."""
+        opts = _C10dBackend.Options(NAME, self._timeout)
+        opts.global_ranks_in_group = self._ranks
+        return opts
+
+    @property
+    def transport(self):
+        """The inner point-to-point group (a ``ProcessGroupGloo``); only its send/recv are used."""
+        return self._transport
+
+    @property
+    def ranks(self):
+        """Global ranks of this group, in group-rank order."""
+        return list(self._ranks)
+
+    def shutdown(self):
+        """Called by ``destroy_process_group``: finish what was issued, then close the transports.
+
+        Closing them here, in the caller's thread, matters: a gloo group that
+        outlives this point is destroyed at interpreter exit with its threads
+        still running, and the process aborts ("terminate called without an
+        active exception").
+        """
+        engine().drain()
+        self.abort()
+
+    def abort(self):
+        for transport in (self._transport, self._p2p_transport):
+            if transport is not None:
+                transport.shutdown()
+        self._transport = self._p2p_transport = None
+
+    def split(self, store, ranks, opts):
+        """A child backend for ``dist.split_group`` over the global ``ranks`` given."""
+        if self._me not in ranks:
+            return None
+        timeout = getattr(opts, "_timeout", None) or self._timeout
+        name = getattr(opts, "group_name", "") or ""
+        return CollectivesBackend(store, ranks.index(self._me), len(ranks), timeout, ranks, name)
+
+    # -- running one collective ------------------------------------------------------------
+
+    @property
+    def group_info(self):
+        """This group as our API sees it: the inner transport, global ranks, the engine key.
+
+        The key is the torch group's (``pg:<name>``), so torch's calls on this
+        group and ``collectives.*(group=...)`` calls on it share one engine lane
+        and run in the order they were issued.
+        """
+        return self._info
+
+    def _choice(self, collective):
+        """``algorithm=`` for our API: COLLECTIVES_ALGO's pick, or None (the automatic choice)."""
+        return self._algorithms.get(collective)
+
+    def _wrap(self, op, works, outputs):
+        """One torch Work for the API handles ``works``; its future's value is ``outputs``.
+
+        Completed by hand rather than with ``Future.then``, which would wrap a
+        collective's error (a CollectiveTimeout, say) in a RuntimeError carrying
+        a traceback: whoever waits gets the error itself.
+        """
+        futures = [w.get_future() for w in works if w is not None]
+        done = torch.futures.Future()
+        left = [len(futures)]
+        lock = threading.Lock()
+
+        def finished(fut):
+            try:
+                fut.value()
+            except Exception as exc:
+                with lock:
+                    first, left[0] = left[0] > 0, 0
+                if first:
+                    done.set_exception(exc)
+                return
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done.set_result(outputs)
+        if not futures:
+            done.set_result(outputs)
+        for fut in futures:
+            fut.add_done_callback(finished)
+        return BackendWork(done, op)
+
+    # -- the collectives (each one a call of our public API on the inner transport) ------
+
+    def allreduce(self, tensors, opts=None):
+        return self._allreduce("allreduce", tensors, opts)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._allreduce("allreduce_coalesced", tensors, opts)
+
+    def _allreduce(self, op, tensors, opts):
+        _check_tensors(op, tensors)
+        red_op = _op(op, opts, tensors)
+        return self._wrap(op, [api.all_reduce(t, red_op, self._info, True, self._choice("all_reduce"))
+                               for t in tensors], list(tensors))
+
+    def broadcast(self, tensors, opts=None):
+        _check_tensors("broadcast", tensors)
+        src = self._ranks[opts.rootRank]
+        return self._wrap("broadcast", [api.broadcast(t, src, self._info, True, self._choice("broadcast"))
+                                        for t in tensors], list(tensors))
+
+    def reduce(self, tensors, opts=None):
+        _check_tensors("reduce", tensors)
+        red_op = _op("reduce", opts, tensors)
+        dst = self._ranks[opts.rootRank]
+        return self._wrap("reduce", [api.reduce(t, dst, red_op, self._info, True, self._choice("reduce"))
+                                     for t in tensors], list(tensors))
+
+    def allgather(self, output_lists, inputs, opts=None):
+        return self._allgather("allgather", output_lists, inputs)
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        return self._allgather("allgather_coalesced", output_lists, inputs)
+
+    def _allgather(self, op, output_lists, inputs):
+        _check_tensors(op, inputs)
+        if len(output_lists) != len(inputs):
+            raise _unsupported(op, f"got {len(output_lists)} output lists for {len(inputs)} inputs")
+        works = []
+        for outs, t in zip(output_lists, inputs):
+            _check_list(op, "output_tensor_list", outs, self._size, t.dtype)
+            if any(o.shape != t.shape for o in outs):   # uneven: per-rank sizes differ
+                works.append(self._uneven_all_gather(list(outs), t))
+            else:
+                works.append(api.all_gather(list(outs), t, self._info, True, self._choice("all_gather")))
+        return self._wrap(op, works, [o for outs in output_lists for o in outs])
+
+    def _uneven_all_gather(self, outs, t):
+        """all_gather where rank i contributes ``outs[i].numel()`` elements (torch allows it).
+
+        Our API's all_gather asks for equal shapes, so this one call drives the
+        ring algorithm itself, which moves each rank's piece at its own size.
+        """
+        me = self._rank
+        if outs[me].numel() != t.numel():
+            raise _unsupported("allgather", f"output_tensor_list[{me}] has {outs[me].numel()} elements "
+                                            f"but this rank's input has {t.numel()}")
+        if any(o.device.type != "cpu" or not o.is_contiguous() for o in outs + [t]):
+            raise _unsupported("allgather", "tensors of different sizes per rank must be contiguous "
+                                            "CPU tensors")
+        info, fields = self._info, {"sizes": [o.numel() for o in outs], "dtype": t.dtype}
+        call = f"all_gather(uneven, sizes={fields['sizes']}, dtype={t.dtype}, algorithm=ring)"
+
+        def execute(seq):
+            outs[me].copy_(t.reshape(outs[me].shape))
+            if self._size > 1:
+                comm = Comm(info, "all_gather", "ring", seq, call)
+                ring_all_gather(comm, [o.view(-1) for o in outs])
+            return outs
+        return engine().submit(execute, "all_gather(ring, uneven)", True, info.key)
+
+    def all_gather_single(self, output, input, opts=None):
+        return self.all_gather_single_coalesced([output], [input], opts, op="all_gather_single")
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None, op="all_gather_single_coalesced"):
+        _check_tensors(op, list(outputs) + list(inputs))
+        return self._wrap(op, [_as_unsupported(op, tensor_api.all_gather_into_tensor, out, t, self._info, True,
+                                               self._choice("all_gather"))
+                               for out, t in zip(outputs, inputs)], list(outputs))
+
+    # torch 2.11 and earlier call these names; 2.15 calls the ones above
+    def _allgather_base(self, output, input, opts=None):
+        return self.all_gather_single_coalesced([output], [input], opts, op="_allgather_base")
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self.all_gather_single_coalesced(outputs, inputs, opts, op="allgather_into_tensor_coalesced")
+
+    def gather(self, output_lists, inputs, opts=None):
+        _check_tensors("gather", inputs)
+        if len(inputs) != 1:
+            raise _unsupported("gather", f"takes one input tensor per call, got {len(inputs)}")
+        root = opts.rootRank
+        outs = list(output_lists[0]) if self._rank == root else None
+        work = api.gather(inputs[0], outs, self._ranks[root], self._info, True, self._choice("gather"))
+        return self._wrap("gather", [work], outs or [])
+
+    def scatter(self, outputs, input_lists, opts=None):
+        _check_tensors("scatter", outputs)
+        if len(outputs) != 1:
+            raise _unsupported("scatter", f"takes one output tensor per call, got {len(outputs)}")
+        root = opts.rootRank
+        pieces = list(input_lists[0]) if self._rank == root else None
+        work = api.scatter(outputs[0], pieces, self._ranks[root], self._info, True, self._choice("scatter"))
+        return self._wrap("scatter", [work], list(outputs))
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        _check_tensors("reduce_scatter", outputs)
+        red_op = _op("reduce_scatter", opts, outputs)
+        return self._wrap("reduce_scatter",
+                          [api.reduce_scatter(out, list(ins), red_op, self._info, True,
+                                              self._choice("reduce_scatter"))
+                           for out, ins in zip(outputs, input_lists)], list(outputs))
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self.reduce_scatter_single_coalesced([output], [input], opts, op="reduce_scatter_single")
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None,
+                                        op="reduce_scatter_single_coalesced"):
+        _check_tensors(op, list(outputs) + list(inputs))
+        red_op = _op(op, opts, outputs)
+        return self._wrap(op, [_as_unsupported(op, tensor_api.reduce_scatter_tensor, out, t, red_op, self._info,
+                                               True, self._choice("reduce_scatter"))
+                               for out, t in zip(outputs, inputs)], list(outputs))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self.reduce_scatter_single_coalesced([output], [input], opts, op="_reduce_scatter_base")
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_single_coalesced(outputs, inputs, opts, op="reduce_scatter_tensor_coalesced")
+
+    def alltoall(self, outputs, inputs, opts=None):
+        _check_tensors("alltoall", list(outputs) + list(inputs))
+        work = api.all_to_all(list(outputs), list(inputs), self._info, True, self._choice("all_to_all"))
+        return self._wrap("alltoall", [work], list(outputs))
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None,
+                          op="all_to_all_single"):
+        _check_tensors(op, [output, input])
+        work = _as_unsupported(op, tensor_api.all_to_all_single, output, input, list(output_split_sizes),
+                               list(input_split_sizes), self._info, True, self._choice("all_to_all"))
+        return self._wrap(op, [work], [output])
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts,
+                                      op="alltoall_base")
+
+    def barrier(self, opts=None):
+        return self._wrap("barrier", [api.barrier(self._info, True, self._choice("barrier"))], [])
+
+    def monitored_barrier(self, opts=None, wait_all_ranks=False):
+        """Our dissemination barrier; a rank that never arrives raises CollectiveTimeout naming it."""
+        self.barrier(opts).wait()
+
+    # -- point to point: passed through to the inner transport -----------------------------
+
+    def send(self, tensors, dst, tag):
+        return self._p2p("send", tensors, dst, tag)
+
+    def recv(self, tensors, src, tag):
+        return self._p2p("recv", tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag):
+        return self._p2p("recv_anysource", tensors, None, tag)
+
+    def _p2p(self, op, tensors, peer, tag):
+        """Post straight on the pass-through transport and hand back its own Work.
+
+        Not queued behind our collectives: a queued send could deadlock a program
+        that sends before a collective its peer enters first (gloo's isend does not
+        wait for the collectives issued before it).
+        """
+        _check_tensors(op, tensors)
+        if any(t.device.type != "cpu" for t in tensors):
+            raise _unsupported(op, "point-to-point messages of CUDA tensors need an NCCL transport, "
+                                   "which this backend does not create yet; send a CPU tensor")
+        if op == "send":
+            return self._p2p_transport.send(tensors, peer, tag)
+        if op == "recv":
+            return self._p2p_transport.recv(tensors, peer, tag)
+        return self._p2p_transport.recv_anysource(tensors, tag)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+def _as_unsupported(op, fn, *args):
+    """Call a tensor-form function; its size/contiguity errors name torch's operation."""
+    try:
+        return fn(*args)
+    except ValueError as exc:
+        raise UnsupportedOperation(f"collectives backend: {op}: {exc}") from None
+
+
+def _check_tensors(op, tensors):
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise _unsupported(op, f"expected tensors, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise _unsupported(op, f"a tensor has layout {t.layout}; our algorithms move dense "
+                                   f"(strided) tensors only")
+        if t.device.type not in ("cpu", "cuda"):
+            raise _unsupported(op, f"a tensor is on {t.device}; this backend carries CPU and "
+                                   f"CUDA tensors only")
+
+
+def _check_list(op, name, tensors, size, dtype):
+    if len(tensors) != size:
+        raise _unsupported(op, f"{name} must hold one tensor per rank of the group ({size}), "
+                               f"got {len(tensors)}")
+    _check_tensors(op, tensors)
+    for t in tensors:
+        if dtype is not None and t.dtype != dtype:
+            raise _unsupported(op, f"{name} mixes dtypes ({t.dtype} and {dtype})")
+
+
+def _op(op, opts, tensors):
+    red_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    dtype = tensors[0].dtype if tensors else torch.float32
+    try:  # checked here so the error names torch's operation; our API takes the op itself
+        return reduce_ops.resolve(red_op, dtype, f"collectives backend: {op}").op
+    except TypeError as exc:  # PREMUL_SUM and friends: torch builds them for NCCL only
+        raise UnsupportedOperation(str(exc)) from None
+
+
+def _create(dist_backend_opts, backend_options=None):
+    """The creator torch calls for each new group (``extended_api=True``)."""
+    opts = dist_backend_opts
+    ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+    return CollectivesBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks,
+                              getattr(opts, "group_id", ""))
+
+
+def register():
+    """Register the ``collectives`` backend with torch.distributed (idempotent)."""
+    if not dist.is_available() or NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def backend_of(group=None):
+    """The :class:`CollectivesBackend` behind ``group`` (None: the default group), or None."""
+    group = group if group is not None else dist.group.WORLD
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except Exception:
+        return None
+    return backend if isinstance(backend, CollectivesBackend) else None

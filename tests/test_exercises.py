@@ -1,0 +1,185 @@
+"""The exercises' grader, graded: every reference solution passes, every wrong one fails with the right words.
+
+Quick mode everywhere (worlds of 1-4 ranks, fewer cases) and the smallest
+world that shows each mistake; the deadlocks are declared after 3 s of no
+progress instead of 15.
+"""
+import ast
+import linecache
+import subprocess
+import sys
+
+import pytest
+
+from tutorials.exercises import EXERCISES
+from tutorials.exercises.grade import HERE, grade, resolve
+
+SOLUTIONS = HERE / "solutions"
+WRONG = HERE / "wrong"
+
+
+def test_every_exercise_is_a_stub_with_a_task():
+    for name in EXERCISES:
+        path = HERE / f"{name}.py"
+        tree = ast.parse(path.read_text())
+        doc = ast.get_docstring(tree)
+        assert doc and "Read: chapter" in doc and "Hint" in doc and "Traffic" in doc, (
+            f"{path.name}: the docstring must give the task, the chapter, a hint and the traffic")
+        assert f"python -m tutorials.exercises.grade {name}" in doc
+        [fn] = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name]
+        raised = fn.body[-1]
+        assert isinstance(raised, ast.Raise) and "NotImplementedError" in ast.unparse(raised), (
+            f"{path.name}: {name}'s body must raise NotImplementedError")
+        assert (SOLUTIONS / f"{name}.py").exists(), f"no reference solution for {name}"
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_reference_solution_passes(name):
+    verdict = grade(name, str(SOLUTIONS / f"{name}.py"), quick=True)
+    assert verdict.passed, verdict.text
+    assert verdict.text.startswith(f"PASS {name}: correct in all")
+
+
+# (exercise, wrong file, world sizes that show the mistake, reason, words the verdict must contain)
+WRONG_CASES = [
+    ("all_reduce", "all_reduce_builtin", (2,), "builtin",
+     ["it calls dist.all_reduce (line 6 of all_reduce_builtin.py", "point-to-point messages only"]),
+    ("all_reduce", "all_reduce_whole_tensor_ring", (3,), "traffic",
+     ["correct, but sends 268800 bytes (rank 0) where the ring sends 2(N-1)/N x S = 179200 bytes",
+      "see chapter 4"]),
+    ("all_reduce", "all_reduce_deadlock", (2,), "deadlock",
+     ["deadlock. With 2 ranks", "rank 0: in dist.send(dst=1)", "rank 1: in dist.send(dst=0)",
+      "none is receiving", "see chapter 2"]),
+    ("all_reduce", "all_reduce_torch_chunk", (2,), "crash",
+     ["raised an error with 2 ranks (tensor float32[1])", "all_reduce_torch_chunk.py\", line 1",
+      "IndexError: tuple index out of range", "raised the same error"]),
+    ("all_reduce", "all_reduce_one_step_short", (2,), "wrong",
+     ["wrong result with 2 ranks, tensor float32[1] (case 2 of 5)", "rank 0: tensor (had [-2]): expected [1]",
+      "rank 1: tensor (had [3]): expected [1]", "received [-2]"]),
+    ("all_reduce", "all_reduce_not_in_place", (2,), "wrong",
+     ["rank 1: tensor (had [3]): expected [1]", "(unchanged: the result must be written into the tensor passed in"]),
+    ("broadcast", "broadcast_root0", (2,), "wrong",
+     ["wrong result with 2 ranks, tensor float32[1], src=1", "ranks 0, 1: tensor: expected [11]",
+      "received [-1]"]),
+    ("broadcast", "broadcast_linear", (4,), "traffic",
+     ["correct, but rank 3 sends 3 messages where the binomial tree needs at most ceil(log2 N) = 2",
+      "see chapter 5"]),
+    ("send_recv_ring", "send_recv_ring_deadlock", (3,), "deadlock",
+     ["deadlock. With 3 ranks", "rank 2: in dist.send(dst=0)", "none is receiving"]),
+    ("reduce", "reduce_linear", (4,), "traffic",
+     ["correct, but rank 3 receives 3 messages where the binomial tree needs", "see chapter 5"]),
+    ("reduce", "reduce_overwrites", (3,), "wrong",
+     ["wrong result with 3 ranks, tensor float32[1], dst=1", "ranks 0, 2: (not dst: any value)",
+      "rank 1: tensor (had [-3]): expected [-2]"]),
+    ("all_gather", "all_gather_wrong_slot", (3,), "wrong",
+     ["rank 0: tensor_list[0]: [1]  ok", "tensor_list[1]: expected [11]", "received [21]"]),
+    ("all_gather", "all_gather_rank0_stops_early", (3,), "deadlock",
+     ["rank 0: returned from all_gather (case 1)", "rank 1: waiting in req.wait() for dist.irecv(src=0)",
+      "Rank 0 already returned from all_gather while others still wait"]),
+    ("reduce_scatter", "reduce_scatter_everything", (2,), "traffic",
+     ["correct, but sends 268800 bytes (rank 0) where the ring sends (N-1) x S = 134400 bytes"]),
+    ("all_to_all", "all_to_all_scatter", (2,), "builtin", ["it calls dist.scatter (line 8"]),
+    ("all_to_all", "all_to_all_last_rank_crashes", (3,), "crash",
+     ["rank 2 raised an error with 3 ranks", "IndexError: list index out of range", "(ranks 0, 1 were stopped)"]),
+    ("average_gradients", "average_gradients_builtin", (2,), "builtin",
+     ["it calls dist.all_reduce (line 8 of average_gradients_builtin.py", "See chapter 6"]),
+    ("average_gradients", "average_gradients_sum", (2,), "wrong",
+     ["ranks 0, 1: 0.weight.grad: expected [0.125793", "received [0.251587", "(and 2 more wrong)"]),
+    ("zero1_step", "zero1_full_state", (4,), "state",
+     ["correct, but a rank keeps 25 values of optimizer state where ZeRO-1 keeps about ceil(P/N) = 7",
+      "see chapter 10"]),
+]
+
+
+README_EXAMPLES = {"all_reduce_whole_tensor_ring", "send_recv_ring_deadlock"}   # verdicts shown in the README
+
+
+@pytest.mark.parametrize("name,wrong,worlds,reason,words", WRONG_CASES, ids=[c[1] for c in WRONG_CASES])
+def test_wrong_solution_is_told_why(name, wrong, worlds, reason, words):
+    verdict = grade(name, str(WRONG / f"{wrong}.py"), quick=True, world_sizes=worlds, hang_seconds=3)
+    assert not verdict.passed
+    assert verdict.reason == reason, verdict.text
+    for w in words:
+        assert w in verdict.text, f"{w!r} not in:\n{verdict.text}"
+    if reason == "crash":
+        assert verdict.text.count("Traceback") == 1, "the traceback must be shown once"
+    if wrong in README_EXAMPLES:
+        assert verdict.text in (HERE / "README.md").read_text(), (
+            f"tutorials/exercises/README.md shows an old verdict for {wrong}; paste:\n{verdict.text}")
+
+
+def test_full_mode_covers_every_dtype_and_root():
+    """One full-mode run, on the two largest worlds: 4 dtypes, sizes 0/1/7/33600, three roots."""
+    verdict = grade("broadcast", str(SOLUTIONS / "broadcast.py"), world_sizes=(5, 8))
+    assert verdict.passed, verdict.text
+    assert "correct in all 74 cases on worlds of 5, 8 ranks" in verdict.text
+    assert "at most 403200 bytes in 3 messages" in verdict.text
+
+
+def test_a_file_that_does_not_load_shows_the_error_once(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch.distributed as dist\n\ndef all_reduce(tensor, group=None)\n    pass\n")
+    verdict = grade("all_reduce", str(broken), quick=True, world_sizes=(2,))
+    assert verdict.reason == "load_error", verdict.text
+    assert "broken.py\", line 3" in verdict.text and "SyntaxError" in verdict.text
+    assert "_worker.py" not in verdict.text and verdict.text.count("SyntaxError") == 1
+
+
+def test_every_wrong_solution_is_tested():
+    tested = {c[1] for c in WRONG_CASES}
+    on_disk = {p.stem for p in WRONG.glob("*.py") if p.stem != "__init__"}
+    assert on_disk == tested
+
+
+def test_a_stub_is_reported_as_not_written_and_the_command_exits_1():
+    run = subprocess.run([sys.executable, "-m", "tutorials.exercises.grade", "all_reduce", "--worlds", "1"],
+                         capture_output=True, text=True, timeout=120, cwd=HERE.parent.parent)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert run.stdout.startswith("NOT WRITTEN all_reduce: tutorials/exercises/all_reduce.py still raises "
+                                 "NotImplementedError"), run.stdout + run.stderr[-2000:]
+
+
+CELL = '''import torch
+import torch.distributed as dist
+from tutorials.exercises.solutions.all_reduce import exchange
+
+LEFT_SHIFT = 1
+
+
+def neighbours(rank, n):
+    return (rank + 1) % n, (rank - LEFT_SHIFT) % n
+
+
+def my_all_reduce(tensor, group=None):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = neighbours(rank, n)
+    chunks = tensor.tensor_split(n)
+    for step in range(n - 1):
+        s, r = (rank - step - 1) % n, (rank - step - 2) % n
+        got = torch.empty_like(chunks[r])
+        exchange(chunks[s], right, got, left)
+        chunks[r].add_(got)
+    for step in range(n - 1):
+        s, r = (rank - step) % n, (rank - step - 1) % n
+        exchange(chunks[s], right, chunks[r], left)
+'''
+
+
+def notebook_function():
+    """A function as IPython defines it: compiled from a cell whose source linecache holds."""
+    filename = "<ipython-input-7-0123456789ab>"
+    linecache.cache[filename] = (len(CELL), None, CELL.splitlines(True), filename)
+    namespace = {"__name__": "__main__"}
+    exec(compile(CELL, filename, "exec"), namespace)
+    return namespace["my_all_reduce"]
+
+
+def test_a_function_from_a_notebook_cell_is_written_out_and_graded():
+    fn = notebook_function()
+    source, shown, tmp = resolve("all_reduce", fn)
+    text = open(source).read()
+    assert "from tutorials.exercises.solutions.all_reduce import exchange" in text   # the cell's import
+    assert "LEFT_SHIFT = 1" in text and "def neighbours(rank, n):" in text          # what it uses
+    assert text.endswith("all_reduce = my_all_reduce\n")
+    verdict = grade("all_reduce", fn, quick=True, world_sizes=(3,))
+    assert verdict.passed, verdict.text

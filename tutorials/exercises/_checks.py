@@ -1,0 +1,470 @@
+"""The cases each exercise is graded on, the answers it must give, and the traffic it may use.
+
+Every rank can build every other rank's input (the values depend only on the
+rank and the case), so each rank computes the answer the built-in collective
+gives, locally, with plain torch (as ``tests/expected.py`` does): the
+built-ins themselves are switched off while a solution is graded. Inputs are
+small integers, so every sum is exact in every dtype used, bfloat16 included,
+whatever order a solution adds in.
+
+A check has:
+
+* ``cases(world_size, quick)``: the list of cases (the same on every rank);
+* ``run(fn, case, rank, world_size)``: builds this rank's inputs, calls the
+  learner's ``fn``, compares, returns ``{"ok", "lines"}`` (what to show for
+  this rank if the case is wrong);
+* ``need(case, world_size)``: what the algorithm sends per rank (None for
+  cases too small to judge), used by the parent on the counted traffic;
+* ``label(case)``: the case in words.
+"""
+import copy
+import math
+
+import torch
+import torch.nn as nn
+
+LARGE = 33600            # divisible by 1..8, so the ideal traffic is a whole number of elements
+FULL_DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16)
+
+
+def name_of(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def reduce_input(rank, numel, dtype, salt=0):
+    """Values in -3..3, different on every rank: sums over 8 ranks are exact even in bfloat16."""
+    i = torch.arange(numel)
+    return ((i * 3 + rank * 5 + salt) % 7 - 3).to(dtype)
+
+
+def tagged_input(rank, numel, dtype, salt=0):
+    """rank * 10 + something small: you can read off which rank a value came from."""
+    i = torch.arange(numel)
+    return (rank * 10 + (i + salt) % 7).to(dtype)
+
+
+def fmt(values):
+    return "[" + ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values) + "]"
+
+
+def show(t, start=0, limit=8):
+    flat = t.detach().flatten()
+    if flat.dtype == torch.bfloat16:
+        flat = flat.float()
+    part = flat[start:start + limit].tolist()
+    more = flat.numel() - start - len(part)
+    text = fmt(part)
+    if start or more > 0:
+        text = (f"from index {start}: " if start else "") + text[:-1] + (", ...]" if more > 0 else "]")
+        text += f" ({flat.numel()} values)"
+    return text
+
+
+def same(expected, received):
+    if not isinstance(received, torch.Tensor) or received.shape != expected.shape:
+        return False
+    if received.dtype != expected.dtype:
+        return False
+    if expected.dtype.is_floating_point and expected.dtype in (torch.float32, torch.float64) \
+            and not _integral(expected):
+        tol = 1e-5 if expected.dtype == torch.float32 else 1e-12
+        return torch.allclose(received, expected, rtol=tol, atol=tol)
+    return torch.equal(received, expected)
+
+
+def _integral(t):
+    return t.numel() == 0 or bool(torch.all(t == t.round()))
+
+
+def first_wrong(expected, received):
+    if received.shape != expected.shape or received.numel() == 0:
+        return 0
+    bad = (received.detach().float() != expected.float()).flatten().nonzero()
+    return int(bad[0]) if len(bad) else 0
+
+
+def compare(pairs):
+    """pairs: [(what, expected, received)] on this rank; returns the report of run()."""
+    lines, ok, wrong = [], True, 0
+    for what, expected, received, *before in pairs:
+        if same(expected, received):
+            if len(pairs) <= 4:   # beside a few wrong ones, the right ones help; among many, they clutter
+                lines.append(f"{what}: {show(received)}  ok")
+            continue
+        ok = False
+        wrong += 1
+        if wrong > 2:
+            continue
+        if not isinstance(received, torch.Tensor):
+            lines.append(f"{what}: expected a tensor, found {type(received).__name__}")
+        elif received.shape != expected.shape or received.dtype != expected.dtype:
+            lines.append(f"{what}: expected {name_of(expected.dtype)}{list(expected.shape)}, "
+                         f"found {name_of(received.dtype)}{list(received.shape)}")
+        else:
+            at = first_wrong(expected, received)
+            at = at - at % 8 if expected.numel() > 8 else 0
+            lines.append(f"{what}: expected {show(expected, at)}")
+            lines.append(f"{' ' * len(what)}  received {show(received, at)}")
+            if before and expected.numel() and torch.equal(received, before[0]):
+                lines.append(f"{' ' * len(what)}  (unchanged: the result must be written into the tensor "
+                             f"passed in, e.g. tensor.copy_(result) or tensor += ..., not tensor = ...)")
+    if wrong > 2:
+        lines.append(f"(and {wrong - 2} more wrong)")
+    return {"ok": ok, "lines": lines}
+
+
+def roots(n, quick):
+    return sorted({n - 1, n // 2}) if quick else sorted({0, n // 2, n - 1})
+
+
+def tensor_cases(n, quick, with_root=False):
+    if quick:   # every size, but the second dtype only on one
+        cases = [dict(numel=s, dtype=torch.float32) for s in (0, 1, 7)] + [dict(numel=7, dtype=torch.int64)]
+    else:
+        cases = [dict(numel=s, dtype=d) for s in (0, 1, 7) for d in FULL_DTYPES]
+    cases.append(dict(numel=LARGE, dtype=torch.float32))
+    if with_root:
+        cases = [dict(c, root=r) for c in cases for r in (roots(n, quick) if c["numel"] != LARGE else [n - 1])]
+    for salt, case in enumerate(cases):
+        case["salt"] = salt
+    return cases
+
+
+def tensor_label(case, root_name=None):
+    text = f"tensor {name_of(case['dtype'])}[{case['numel']}]"
+    if root_name:
+        text += f", {root_name}={case['root']}"
+    return text
+
+
+def log2_ceil(n):
+    return max(0, math.ceil(math.log2(n))) if n > 1 else 0
+
+
+class Need:
+    """What the algorithm sends per rank, and what to tell a solution that sends more.
+
+    Bounds are per rank; None means "not limited". ``ideal`` is the
+    algorithm's figure in words (e.g. "2(N-1)/N x S = 235200 bytes").
+    """
+
+    def __init__(self, sent_bytes=None, sent_messages=None, recv_messages=None, ideal="", algorithm="",
+                 chapter=""):
+        self.sent_bytes, self.sent_messages, self.recv_messages = sent_bytes, sent_messages, recv_messages
+        self.ideal, self.algorithm, self.chapter = ideal, algorithm, chapter
+
+
+class SendRecvRing:
+    chapter = "chapter 2 (tutorials/02_point_to_point.md)"
+
+    def cases(self, n, quick):
+        return tensor_cases(n, quick)
+
+    def label(self, case):
+        return tensor_label(case)
+
+    def run(self, fn, case, rank, n):
+        mine = tagged_input(rank, case["numel"], case["dtype"], case["salt"])
+        tensor = mine.clone()
+        fn(tensor)
+        expected = tagged_input((rank - 1) % n, case["numel"], case["dtype"], case["salt"])
+        return compare([(f"tensor (had {show(mine)})", expected, tensor, mine)])
+
+    def need(self, case, n):
+        if case["numel"] != LARGE or n == 1:
+            return None
+        s = case["numel"] * 4
+        return Need(sent_bytes=s, sent_messages=1, ideal=f"one message of S = {s} bytes",
+                    algorithm="a ring step", chapter=self.chapter)
+
+
+class Broadcast:
+    chapter = "chapter 5 (tutorials/05_algorithms.md)"
+
+    def cases(self, n, quick):
+        return tensor_cases(n, quick, with_root=True)
+
+    def label(self, case):
+        return tensor_label(case, "src")
+
+    def run(self, fn, case, rank, n):
+        src = case["root"]
+        expected = tagged_input(src, case["numel"], case["dtype"], case["salt"])
+        tensor = expected.clone() if rank == src else torch.full_like(expected, -1)
+        fn(tensor, src)
+        return compare([("tensor", expected, tensor)])
+
+    def need(self, case, n):
+        if case["numel"] != LARGE or n == 1:
+            return None
+        s, k = case["numel"] * 4, log2_ceil(n)
+        return Need(sent_messages=k, recv_messages=1,
+                    ideal=f"at most ceil(log2 N) = {k} messages from any rank, one into each",
+                    algorithm="the binomial tree", chapter=self.chapter)
+
+
+class Reduce:
+    chapter = "chapter 5 (tutorials/05_algorithms.md)"
+
+    def cases(self, n, quick):
+        return tensor_cases(n, quick, with_root=True)
+
+    def label(self, case):
+        return tensor_label(case, "dst")
+
+    def run(self, fn, case, rank, n):
+        dst = case["root"]
+        mine = reduce_input(rank, case["numel"], case["dtype"], case["salt"])
+        tensor = mine.clone()
+        fn(tensor, dst)
+        if rank != dst:   # like torch: only dst's result is defined
+            return {"ok": True, "lines": ["(not dst: any value)"]}
+        expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
+        return compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
+
+    def need(self, case, n):
+        if case["numel"] != LARGE or n == 1:
+            return None
+        s, k = case["numel"] * 4, log2_ceil(n)
+        return Need(sent_messages=1, sent_bytes=s, recv_messages=k,
+                    ideal=f"one message from each rank but dst, at most ceil(log2 N) = {k} into any rank",
+                    algorithm="the binomial tree", chapter=self.chapter)
+
+
+class AllGather:
+    chapter = "chapter 3 (tutorials/03_collectives.md) and chapter 4 (tutorials/04_ring_allreduce.md)"
+
+    def cases(self, n, quick):
+        return tensor_cases(n, quick)
+
+    def label(self, case):
+        return f"{tensor_label(case)} per rank, tensor_list of {{n}}"
+
+    def run(self, fn, case, rank, n):
+        mine = tagged_input(rank, case["numel"], case["dtype"], case["salt"])
+        tensor_list = [torch.full_like(mine, -1) for _ in range(n)]
+        fn(tensor_list, mine.clone())
+        return compare([(f"tensor_list[{r}]", tagged_input(r, case["numel"], case["dtype"], case["salt"]),
+                         tensor_list[r]) for r in range(n)])
+
+    def need(self, case, n):
+        if case["numel"] != LARGE or n == 1:
+            return None
+        s = case["numel"] * 4
+        return Need(sent_bytes=(n - 1) * s, sent_messages=n - 1,
+                    ideal=f"(N-1) x S = {(n - 1) * s} bytes in N-1 = {n - 1} messages",
+                    algorithm="the ring", chapter=self.chapter)
+
+
+class ReduceScatter:
+    chapter = "chapter 4 (tutorials/04_ring_allreduce.md)"
+
+    def cases(self, n, quick):
+        return tensor_cases(n, quick)
+
+    def label(self, case):
+        return f"input_list of {{n}} x {tensor_label(case)}"
+
+    def inputs(self, rank, n, case):
+        return [reduce_input(rank, case["numel"], case["dtype"], case["salt"] + 11 * j) for j in range(n)]
+
+    def run(self, fn, case, rank, n):
+        input_list = self.inputs(rank, n, case)
+        output = torch.full((case["numel"],), -1, dtype=case["dtype"])
+        fn(output, [t.clone() for t in input_list])
+        expected = sum(self.inputs(r, n, case)[rank] for r in range(n)).to(case["dtype"])
+        return compare([("output", expected, output)])
+
+    def need(self, case, n):
+        if case["numel"] != LARGE or n == 1:
+            return None
+        s = case["numel"] * 4
+        return Need(sent_bytes=(n - 1) * s, sent_messages=n - 1,
+                    ideal=f"(N-1) x S = {(n - 1) * s} bytes in N-1 = {n - 1} messages "
+                          f"(S: one rank's output)",
+                    algorithm="the ring", chapter=self.chapter)
+
+
+class AllReduce:
+    chapter = "chapter 4 (tutorials/04_ring_allreduce.md)"
+
+    def cases(self, n, quick):
+        return tensor_cases(n, quick)
+
+    def label(self, case):
+        return tensor_label(case)
+
+    def run(self, fn, case, rank, n):
+        mine = reduce_input(rank, case["numel"], case["dtype"], case["salt"])
+        tensor = mine.clone()
+        fn(tensor)
+        expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
+        return compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
+
+    def need(self, case, n):
+        if case["numel"] != LARGE or n == 1:
+            return None
+        s, e = case["numel"] * 4, 4
+        ideal = 2 * (n - 1) * s // n
+        return Need(sent_bytes=2 * (n - 1) * math.ceil(case["numel"] / n) * e, sent_messages=2 * (n - 1),
+                    ideal=f"2(N-1)/N x S = {ideal} bytes in 2(N-1) = {2 * (n - 1)} messages",
+                    algorithm="the ring", chapter=self.chapter)
+
+
+class AllToAll:
+    chapter = "chapter 3 (tutorials/03_collectives.md) and chapter 5 (tutorials/05_algorithms.md)"
+
+    def cases(self, n, quick):
+        return tensor_cases(n, quick)
+
+    def label(self, case):
+        return f"input_tensor_list of {{n}} x {tensor_label(case)}"
+
+    def piece(self, src, dst, case):
+        return tagged_input(src, case["numel"], case["dtype"], case["salt"] + dst)
+
+    def run(self, fn, case, rank, n):
+        inputs = [self.piece(rank, j, case) for j in range(n)]
+        outputs = [torch.full_like(inputs[0], -1) for _ in range(n)]
+        fn(outputs, inputs)
+        return compare([(f"output_tensor_list[{j}]", self.piece(j, rank, case), outputs[j]) for j in range(n)])
+
+    def need(self, case, n):
+        if case["numel"] != LARGE or n == 1:
+            return None
+        s = case["numel"] * 4
+        return Need(sent_bytes=(n - 1) * s, sent_messages=n - 1,
+                    ideal=f"(N-1) x S = {(n - 1) * s} bytes in N-1 = {n - 1} messages",
+                    algorithm="the pairwise exchange", chapter=self.chapter)
+
+
+def small_model(width, dtype):
+    torch.manual_seed(0)   # the same weights on every rank
+    return nn.Sequential(nn.Linear(6, width), nn.Tanh(), nn.Linear(width, 3)).to(dtype)
+
+
+def backward_on(model, rank, salt, dtype):
+    g = torch.Generator().manual_seed(1000 * salt + rank)
+    x = torch.randn(4, 6, generator=g, dtype=torch.float64).to(dtype)
+    model.zero_grad()
+    model(x).pow(2).mean().backward()
+
+
+class AverageGradients:
+    chapter = "chapter 6 (tutorials/06_sync_sgd.md)"
+
+    def cases(self, n, quick):
+        dtypes = (torch.float32,) if quick else (torch.float32, torch.float64)
+        cases = [dict(width=5, dtype=d) for d in dtypes] + [dict(width=1400, dtype=torch.float32)]
+        for salt, case in enumerate(cases):
+            case["salt"] = salt
+        return cases
+
+    def label(self, case):
+        numel = sum(p.numel() for p in small_model(case["width"], torch.float32).parameters())
+        return f"a {name_of(case['dtype'])} model of 4 parameters, {numel} values"
+
+    def run(self, fn, case, rank, n):
+        model = small_model(case["width"], case["dtype"])
+        expected = []
+        for r in range(n):
+            reference = copy.deepcopy(model)
+            backward_on(reference, r, case["salt"], case["dtype"])
+            expected.append([p.grad.clone() for p in reference.parameters()])
+        mean = [sum(gs) / n for gs in zip(*expected)]
+        backward_on(model, rank, case["salt"], case["dtype"])
+        fn(model)
+        names = [name for name, _ in model.named_parameters()]
+        return compare([(f"{name}.grad", m, p.grad) for name, m, p in zip(names, mean, model.parameters())])
+
+    def need(self, case, n):
+        if case["width"] < 100 or n == 1:
+            return None
+        sizes = [p.numel() for p in small_model(case["width"], torch.float32).parameters()]
+        total = sum(sizes) * 4
+        bound = max(2 * (n - 1) * math.ceil(sum(sizes) / n), sum(2 * (n - 1) * math.ceil(m / n) for m in sizes)) * 4
+        return Need(sent_bytes=bound,
+                    ideal=f"2(N-1)/N x S = {2 * (n - 1) * total // n} bytes (S = {total} bytes of gradients)",
+                    algorithm="a ring all_reduce", chapter="chapter 4 (tutorials/04_ring_allreduce.md)")
+
+
+class Zero1Step:
+    chapter = "chapter 10 (tutorials/10_zero.md)"
+    steps, lr, momentum = 3, 0.1, 0.9
+
+    def cases(self, n, quick):
+        dtypes = (torch.float32,) if quick else (torch.float32, torch.float64)
+        cases = [dict(shapes=[(5, 3), (3,), (7,)], dtype=d) for d in dtypes]
+        cases.append(dict(shapes=[(200, 100), (100,)], dtype=torch.float32))
+        for salt, case in enumerate(cases):
+            case["salt"] = salt
+        return cases
+
+    def label(self, case):
+        numel = sum(math.prod(s) for s in case["shapes"])
+        return (f"{self.steps} steps on {len(case['shapes'])} {name_of(case['dtype'])} parameters "
+                f"({numel} values), lr={self.lr}, momentum={self.momentum}")
+
+    def grads(self, rank, step, case):
+        g = torch.Generator().manual_seed(100 * case["salt"] + 10 * step + rank)
+        return [torch.randn(s, generator=g, dtype=torch.float64).to(case["dtype"]) for s in case["shapes"]]
+
+    def run(self, fn, case, rank, n):
+        g = torch.Generator().manual_seed(case["salt"])
+        start = [torch.randn(s, generator=g, dtype=torch.float64).to(case["dtype"]) for s in case["shapes"]]
+        params = [nn.Parameter(t.clone()) for t in start]
+        reference = [t.clone() for t in start]
+        buffers = None
+        state = {}
+        for step in range(self.steps):
+            for p, grad in zip(params, self.grads(rank, step, case)):
+                p.grad = grad
+            fn(params, state, self.lr, self.momentum)
+            mean = [sum(gs) / n for gs in zip(*[self.grads(r, step, case) for r in range(n)])]
+            buffers = mean if buffers is None else [self.momentum * b + m for b, m in zip(buffers, mean)]
+            reference = [p - self.lr * b for p, b in zip(reference, buffers)]
+            report = compare([(f"after step {step + 1}: params[{i}]", r, p.detach())
+                              for i, (r, p) in enumerate(zip(reference, params))])
+            if not report["ok"]:
+                return report
+        kept = state_numel(state)
+        total = sum(math.prod(s) for s in case["shapes"])
+        allowed = math.ceil(total / n) + n
+        if kept > allowed:
+            return {"ok": True, "state": (kept, allowed, total), "lines": report["lines"]}
+        return report
+
+    def need(self, case, n):
+        total = sum(math.prod(s) for s in case["shapes"])
+        if total < 1000 or n == 1:
+            return None
+        bound = self.steps * 2 * (n - 1) * (math.ceil(total / n) + len(case["shapes"])) * 4
+        return Need(sent_bytes=bound,
+                    ideal=f"{self.steps} x 2(N-1)/N x S = {self.steps * 2 * (n - 1) * total * 4 // n} bytes in "
+                          f"{self.steps} steps (each: reduce-scatter the gradients, all-gather the parameters; "
+                          f"S = {total * 4} bytes)",
+                    algorithm="ZeRO-1", chapter=self.chapter)
+
+
+def state_numel(obj):
+    """Tensor elements held in a (nested) optimizer state."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel()
+    if isinstance(obj, dict):
+        return sum(state_numel(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_numel(v) for v in obj)
+    return 0
+
+
+CHECKS = {
+    "send_recv_ring": SendRecvRing(),
+    "broadcast": Broadcast(),
+    "reduce": Reduce(),
+    "all_gather": AllGather(),
+    "reduce_scatter": ReduceScatter(),
+    "all_reduce": AllReduce(),
+    "all_to_all": AllToAll(),
+    "average_gradients": AverageGradients(),
+    "zero1_step": Zero1Step(),
+}

@@ -1,0 +1,275 @@
+"""What runs inside each rank while an exercise is graded (the grader's parent side is grade.py).
+
+Each rank joins a gloo world, then, before the learner's file is even imported:
+
+* every built-in collective of ``torch.distributed`` (and of this library) is
+  replaced by a function that raises :class:`BuiltinUsed`, so a solution that
+  calls one fails with its name instead of silently passing;
+* ``send``, ``recv``, ``isend``, ``irecv`` and ``batch_isend_irecv`` are
+  wrapped: they count bytes and messages per rank, and write "where this rank
+  is" (the call, the peer, the tensor) into shared memory before blocking, so
+  the parent can say who waited on whom when the world stops moving.
+
+Then the rank runs every case of the exercise (``_checks.py``) and puts one
+report per case on the results queue.
+"""
+import datetime
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from tutorials.exercises import _checks
+
+SLOT = 400  # bytes of status text per rank in the shared array
+
+# Every collective a solution must not call (the exercises build them from messages).
+BUILTINS = [
+    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+    "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
+    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast_object_list",
+    "all_gather_object", "gather_object", "scatter_object_list", "send_object_list", "recv_object_list",
+    "all_reduce_coalesced", "all_gather_coalesced",
+]
+LIBRARY = ["broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "reduce_scatter",
+           "all_to_all", "barrier", "average_gradients"]
+
+ORIGINAL = {name: getattr(c10d, name) for name in ["send", "recv", "isend", "irecv", "batch_isend_irecv",
+                                                    "barrier"]}
+
+
+class BuiltinUsed(RuntimeError):
+    """Raised by a built-in collective while a solution is graded."""
+
+    def __init__(self, name):
+        super().__init__(f"{name} was called")
+        self.name = name
+
+
+class Counters:
+    """Messages and bytes this rank posted in the current case."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.sent_bytes = self.sent_messages = self.recv_bytes = self.recv_messages = 0
+
+    def as_tuple(self):
+        return (self.sent_bytes, self.sent_messages, self.recv_bytes, self.recv_messages)
+
+
+COUNTERS = Counters()
+_status = None      # shared char array, SLOT bytes per rank
+_progress = None    # shared int64 array, one per rank: bumped at every call entry and exit
+_rank = 0
+
+
+def set_status(text):
+    """Write "where this rank is" for the parent, and count it as progress."""
+    if _status is None:
+        return
+    data = text.encode("utf-8", "replace")[:SLOT - 1]
+    start = _rank * SLOT
+    _status[start:start + len(data) + 1] = data + b"\0"
+    _progress[_rank] += 1
+
+
+def describe(tensor):
+    dtype = str(tensor.dtype).replace("torch.", "")
+    return f"{dtype}[{', '.join(map(str, tensor.shape))}]"
+
+
+def _peer(value, group_value):
+    return group_value if value is None else value
+
+
+class Request:
+    """What our isend/irecv return: torch's request, plus a status line while someone waits on it."""
+
+    def __init__(self, work, text):
+        self._work, self._text = work, text
+
+    def wait(self, *args, **kwargs):
+        set_status(f"waiting in req.wait() for {self._text}")
+        result = self._work.wait(*args, **kwargs)
+        set_status(f"done waiting for {self._text}")
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _count(kind, tensor):
+    nbytes = tensor.numel() * tensor.element_size()
+    if kind == "send":
+        COUNTERS.sent_bytes += nbytes
+        COUNTERS.sent_messages += 1
+    else:
+        COUNTERS.recv_bytes += nbytes
+        COUNTERS.recv_messages += 1
+
+
+_blocking = False   # torch's send/recv call isend/irecv + wait: count those once, as send/recv
+
+
+def send(tensor, dst=None, group=None, tag=0, group_dst=None):
+    global _blocking
+    text = f"dist.send(dst={_peer(dst, group_dst)}) of {describe(tensor)}"
+    _count("send", tensor)
+    set_status(f"in {text}")
+    _blocking = True
+    try:
+        ORIGINAL["send"](tensor, dst, group=group, tag=tag, group_dst=group_dst)
+    finally:
+        _blocking = False
+    set_status(f"returned from {text}")
+
+
+def recv(tensor, src=None, group=None, tag=0, group_src=None):
+    global _blocking
+    text = f"dist.recv(src={_peer(src, group_src)}) into {describe(tensor)}"
+    _count("recv", tensor)
+    set_status(f"in {text}")
+    _blocking = True
+    try:
+        result = ORIGINAL["recv"](tensor, src, group=group, tag=tag, group_src=group_src)
+    finally:
+        _blocking = False
+    set_status(f"returned from {text}")
+    return result
+
+
+def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+    if _blocking:
+        return ORIGINAL["isend"](tensor, dst, group=group, tag=tag, group_dst=group_dst)
+    text = f"dist.isend(dst={_peer(dst, group_dst)}) of {describe(tensor)}"
+    _count("send", tensor)
+    set_status(f"posted {text}")
+    return Request(ORIGINAL["isend"](tensor, dst, group=group, tag=tag, group_dst=group_dst), text)
+
+
+def irecv(tensor, src=None, group=None, tag=0, group_src=None):
+    if _blocking:
+        return ORIGINAL["irecv"](tensor, src, group=group, tag=tag, group_src=group_src)
+    text = f"dist.irecv(src={_peer(src, group_src)}) into {describe(tensor)}"
+    _count("recv", tensor)
+    set_status(f"posted {text}")
+    return Request(ORIGINAL["irecv"](tensor, src, group=group, tag=tag, group_src=group_src), text)
+
+
+def batch_isend_irecv(p2p_op_list):
+    set_status(f"in dist.batch_isend_irecv of {len(p2p_op_list)} ops")
+    # torch's version calls op.op for each entry: our isend/irecv above, which count.
+    return ORIGINAL["batch_isend_irecv"](p2p_op_list)
+
+
+def _forbidden(name, where):
+    def call(*args, **kwargs):
+        raise BuiltinUsed(f"{where}.{name}")
+    call.__name__ = name
+    return call
+
+
+def patch():
+    """Count point-to-point calls and make every built-in collective raise :class:`BuiltinUsed`."""
+    for module in (dist, c10d):
+        for name, fn in [("send", send), ("recv", recv), ("isend", isend), ("irecv", irecv),
+                         ("batch_isend_irecv", batch_isend_irecv)]:
+            setattr(module, name, fn)
+        for name in BUILTINS:
+            if hasattr(module, name):
+                setattr(module, name, _forbidden(name, "dist"))
+    try:
+        import collectives
+    except ImportError:
+        return
+    for name in LIBRARY:
+        if hasattr(collectives, name):
+            setattr(collectives, name, _forbidden(name, "collectives"))
+
+
+def load(source, name):
+    """The learner's function: ``source`` is a file path or a module name."""
+    if source.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"_graded_{name}", source)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(source)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise LookupError(f"{source} defines no function named {name}")
+    return fn
+
+
+def learner_traceback(exc, source):
+    """The traceback from the first frame outside the grader (the learner's code and below)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    start = len(frames)     # all the grader's own (a SyntaxError names its line below): show none
+    for i, frame in enumerate(frames):
+        path = os.path.abspath(frame.filename)
+        if not (os.path.dirname(path) == here and os.path.basename(path).startswith("_")):
+            start = i
+            break
+    lines = (["Traceback (most recent call last):\n"] + traceback.format_list(frames[start:])) if start < len(frames) else []
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
+
+
+def _where_called(exc, source):
+    """'line N of FILE' for the learner's frame that made the forbidden call."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(source)]
+    frame = (mine or [f for f in frames if "_worker.py" not in f.filename] or frames)[-1]
+    return f"line {frame.lineno} of {os.path.basename(frame.filename)}: {(frame.line or '').strip()}"
+
+
+def worker(rank, world_size, port, name, source, quick, status, progress, results):
+    """One rank of a graded world: run every case, report each on ``results``."""
+    global _status, _progress, _rank
+    _status, _progress, _rank = status, progress, rank
+    torch.set_num_threads(1)
+    os.environ["COLLECTIVES_TIMEOUT"] = "600"   # the parent decides when a world is stuck
+    set_status("starting")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=600))
+    patch()
+    try:
+        fn = load(source, name)
+    except BaseException as exc:
+        results.put((rank, "load_error", None, learner_traceback(exc, source)))
+        return
+    check = _checks.CHECKS[name]
+    cases = check.cases(world_size, quick)
+    results.put((rank, "ready", len(cases), None))
+    for index, case in enumerate(cases):
+        COUNTERS.reset()
+        set_status(f"case {index + 1}: calling {name}")
+        try:
+            outcome = check.run(fn, case, rank, world_size)
+        except BuiltinUsed as exc:
+            results.put((rank, "builtin", index, (exc.name, _where_called(exc, source))))
+            return
+        except NotImplementedError as exc:
+            results.put((rank, "not_written", index, learner_traceback(exc, source)))
+            return
+        except BaseException as exc:
+            results.put((rank, "crash", index, learner_traceback(exc, source)))
+            return
+        set_status(f"returned from {name} (case {index + 1}); waiting for the other ranks to finish it")
+        results.put((rank, "case", index, (outcome, COUNTERS.as_tuple())))
+        try:
+            ORIGINAL["barrier"]()
+        except RuntimeError:   # a peer failed and the parent reports it: nothing to add from here
+            return
+    set_status("done")
+    results.put((rank, "done", None, None))
+    dist.destroy_process_group()
