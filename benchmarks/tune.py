@@ -13,7 +13,8 @@ In each world it
    ring exchange, a local reduction) at a few sizes and fits alpha, beta and
    gamma (``collectives.cost_model.fit``);
 2. at every size from ``-b`` to ``-e`` and for every collective, ranks the
-   algorithms by the fitted model and times the ``--top`` most promising
+   algorithms ``algorithm=None`` may pick there (within its memory bound,
+   ``collectives.tuning.allowed``) by the fitted model and times the ``--top`` most promising
    (``benchmarks.sweep.measure_point``, interleaved, so they see the same
    noise): where the model is unsure, near its crossovers, the measurement
    decides;
@@ -36,14 +37,15 @@ import torch.distributed as dist
 
 from benchmarks import common, pingpong, sweep
 from collectives import cost_model, tuning
-from collectives.algorithms import ALGORITHMS
 
 P2P_SIZES = (4, 4096, 65536, 1 << 20, 4 << 20)
 
 
 def ranked(collective, n, size, params):
-    """Algorithms of ``collective`` from the fastest predicted to the slowest."""
-    return sorted(ALGORITHMS[collective], key=lambda a: cost_model.predict(collective, a, n, size, params))
+    """The algorithms ``algorithm=None`` may pick here (``tuning.allowed``: within its memory
+    bound), from the fastest predicted to the slowest."""
+    return sorted(tuning.allowed(collective, size, n),
+                  key=lambda a: cost_model.predict(collective, a, n, size, params))
 
 
 def _over_budget(deadline):

@@ -44,6 +44,8 @@ class _Call:
             raise ValueError(f"{self.where}: unknown algorithm={algorithm!r}; valid: "
                              f"{', '.join(ALGORITHMS[collective])}")
         self.timeout = timeout_seconds()  # a bad COLLECTIVES_TIMEOUT fails here, before any message
+        if info.timeout:
+            self.timeout = min(self.timeout, info.timeout)
         self.info = info
         self.algorithm = algorithm
         self.ranks = list(info.ranks)
@@ -99,7 +101,26 @@ class _Call:
             raise ValueError(f"{self.where}: {name} must not be given on non-{role} ranks "
                              f"(this is rank {self.me}, {root_name}={root})")
 
-    def check_root(self, name, root):
+    def check_root(self, name, root, group_root=None, default=None):
+        """The root as a group rank, from ``name`` (a global rank) or ``group_<name>`` (a group
+        rank), as torch takes them; ``default`` where torch has one (gather, scatter: 0)."""
+        group_name = f"group_{name}"
+        if group_root is not None:
+            if root is not None:
+                raise ValueError(f"{self.where}: give {name} (a global rank) or {group_name} "
+                                 f"(a rank of the group), not both")
+            if isinstance(group_root, bool) or not isinstance(group_root, int):
+                raise TypeError(f"{self.where}: {group_name} must be an int (a rank of the group), "
+                                f"got {type(group_root).__name__}")
+            if not 0 <= group_root < self.size:
+                raise ValueError(f"{self.where}: {group_name}={group_root} is out of range for a group "
+                                 f"of {self.size} ranks")
+            return group_root
+        if root is None:
+            root = default
+        if root is None:
+            raise ValueError(f"{self.where}: {name} (a global rank) or {group_name} (a rank of the "
+                             f"group) is required")
         if isinstance(root, bool) or not isinstance(root, int):
             raise TypeError(f"{self.where}: {name} must be an int (a global rank), got {type(root).__name__}")
         world = dist.get_world_size() if isinstance(self.info.transport, dist.ProcessGroup) else None
@@ -267,8 +288,8 @@ def _shapes(tensors):
     return f"{len(shapes)}x{shapes[0]}" if shapes and all(s == shapes[0] for s in shapes) else shapes
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: Group = None, async_op: bool = False,
-              algorithm: Optional[str] = None) -> Optional[Work]:
+def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group: Group = None, async_op: bool = False,
+              algorithm: Optional[str] = None, group_src: Optional[int] = None) -> Optional[Work]:
     """Send ``tensor`` from rank ``src`` to every rank of the group, in place.
 
     Args:
@@ -277,6 +298,7 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group = None, async_op: boo
         group (ProcessGroup, optional): Group to work on; None for the whole world.
         async_op (bool, optional): Return a handle instead of blocking.
         algorithm (str, optional): One of ``ALGORITHMS["broadcast"]``; None picks by size.
+        group_src (int, optional): The source as a rank of ``group``, instead of ``src``.
 
     Returns:
         A handle with ``wait()`` if ``async_op``, else None; None on ranks outside the group.
@@ -293,7 +315,7 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group = None, async_op: boo
     call.check_tensor("tensor", tensor)
     if not call.member:
         return None
-    root = call.check_root("src", src)
+    root = call.check_root("src", src, group_src)
     algo = call.choose(_nbytes(tensor))
 
     def body(comm):
@@ -302,11 +324,12 @@ def broadcast(tensor: torch.Tensor, src: int, group: Group = None, async_op: boo
         REGISTRY["broadcast"][algo](comm, buf.flat, root)
         return [buf.done()]
     return _run(call, algo, body, async_op, _nbytes(tensor), local=lambda: [tensor],
-                src=src, shape=list(tensor.shape), dtype=tensor.dtype)
+                src=call.ranks[root], shape=list(tensor.shape), dtype=tensor.dtype)
 
 
-def reduce(tensor: torch.Tensor, dst: int, op: ReduceOp = ReduceOp.SUM, group: Group = None,
-           async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
+def reduce(tensor: torch.Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM, group: Group = None,
+           async_op: bool = False, algorithm: Optional[str] = None,
+           group_dst: Optional[int] = None) -> Optional[Work]:
     """Reduce ``tensor`` across the group into rank ``dst``'s ``tensor``.
 
     Other ranks' tensors are left unchanged.
@@ -316,6 +339,7 @@ def reduce(tensor: torch.Tensor, dst: int, op: ReduceOp = ReduceOp.SUM, group: G
         dst (int): Global rank that receives the result.
         op (ReduceOp, optional): SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR or BXOR.
         group, async_op, algorithm: As in :func:`broadcast`.
+        group_dst (int, optional): The destination as a rank of ``group``, instead of ``dst``.
 
     Returns:
         A handle if ``async_op``, else None.
@@ -333,7 +357,7 @@ def reduce(tensor: torch.Tensor, dst: int, op: ReduceOp = ReduceOp.SUM, group: G
     red = call.op(op, tensor.dtype)
     if not call.member:
         return None
-    root = call.check_root("dst", dst)
+    root = call.check_root("dst", dst, group_dst)
     algo = call.choose(_nbytes(tensor))
 
     def body(comm):
@@ -346,7 +370,7 @@ def reduce(tensor: torch.Tensor, dst: int, op: ReduceOp = ReduceOp.SUM, group: G
             buf.done()
         return [tensor]
     return _run(call, algo, body, async_op, _nbytes(tensor), local=lambda: [tensor],
-                dst=dst, op=red.name, shape=list(tensor.shape), dtype=tensor.dtype)
+                dst=call.ranks[root], op=red.name, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
 def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, group: Group = None,
@@ -389,16 +413,18 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, group: Group =
                 op=red.name, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
-def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: int = 0,
-            group: Group = None, async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
+def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: Optional[int] = None,
+            group: Group = None, async_op: bool = False, algorithm: Optional[str] = None,
+            group_src: Optional[int] = None) -> Optional[Work]:
     """Send ``scatter_list[i]`` of rank ``src`` to rank i's ``tensor``.
 
     Args:
         tensor (Tensor): Output on every rank.
         scatter_list (list[Tensor], optional): On ``src`` only: one tensor per rank
             of the group, each shaped like ``tensor``.
-        src (int): Global rank of the source.
+        src (int, optional): Global rank of the source (0 if neither it nor ``group_src`` is given).
         group, async_op, algorithm: As in :func:`broadcast`.
+        group_src (int, optional): The source as a rank of ``group``, instead of ``src``.
 
     Returns:
         A handle if ``async_op``, else None.
@@ -416,8 +442,8 @@ def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = N
     call.check_tensor("tensor", tensor)
     if not call.member:
         return None
-    root = call.check_root("src", src)
-    call.check_root_list("scatter_list", scatter_list, "src", src, "source", tensor)
+    root = call.check_root("src", src, group_src, default=0)
+    call.check_root_list("scatter_list", scatter_list, "src", call.ranks[root], "source", tensor)
     algo = call.choose(_nbytes(tensor) * call.size)
 
     def body(comm):
@@ -431,19 +457,21 @@ def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = N
         _copy(tensor, scatter_list[0])
         return [tensor]
     return _run(call, algo, body, async_op, _nbytes(tensor) * call.size, local=local,
-                src=src, shape=list(tensor.shape), dtype=tensor.dtype)
+                src=call.ranks[root], shape=list(tensor.shape), dtype=tensor.dtype)
 
 
-def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = None, dst: int = 0,
-           group: Group = None, async_op: bool = False, algorithm: Optional[str] = None) -> Optional[Work]:
+def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = None, dst: Optional[int] = None,
+           group: Group = None, async_op: bool = False, algorithm: Optional[str] = None,
+           group_dst: Optional[int] = None) -> Optional[Work]:
     """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst``.
 
     Args:
         tensor (Tensor): Input on every rank.
         gather_list (list[Tensor], optional): On ``dst`` only: one tensor per rank
             of the group, each shaped like ``tensor``, filled in group-rank order.
-        dst (int): Global rank of the destination.
+        dst (int, optional): Global rank of the destination (0 if neither it nor ``group_dst`` is given).
         group, async_op, algorithm: As in :func:`broadcast`.
+        group_dst (int, optional): The destination as a rank of ``group``, instead of ``dst``.
 
     Returns:
         A handle if ``async_op``, else None.
@@ -460,8 +488,8 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
     call.check_tensor("tensor", tensor)
     if not call.member:
         return None
-    root = call.check_root("dst", dst)
-    call.check_root_list("gather_list", gather_list, "dst", dst, "destination", tensor)
+    root = call.check_root("dst", dst, group_dst, default=0)
+    call.check_root_list("gather_list", gather_list, "dst", call.ranks[root], "destination", tensor)
     algo = call.choose(_nbytes(tensor) * call.size)
 
     def body(comm):
@@ -476,7 +504,7 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
         _copy(gather_list[0], tensor)
         return list(gather_list)
     return _run(call, algo, body, async_op, _nbytes(tensor) * call.size, local=local,
-                dst=dst, shape=list(tensor.shape), dtype=tensor.dtype)
+                dst=call.ranks[root], shape=list(tensor.shape), dtype=tensor.dtype)
 
 
 def all_gather(tensor_list: List[torch.Tensor], tensor: torch.Tensor, group: Group = None,

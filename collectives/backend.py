@@ -163,7 +163,8 @@ class CollectivesBackend(_C10dBackend):
         # The user's own send/recv get a transport of their own: tags are the only
         # thing gloo pairs messages by, and the door's tags could equal a user's.
         self._p2p_transport = ProcessGroupGloo(PrefixStore(f"{NAME}-p2p/", store), rank, size, timeout)
-        self._info = GroupInfo(self._transport, tuple(self._ranks), rank, "gloo", f"pg:{group_name}", store)
+        self._info = GroupInfo(self._transport, tuple(self._ranks), rank, "gloo", f"pg:{group_name}", store,
+                               _seconds(timeout))
 
     # -- what torch asks about the backend -------------------------------------------------
 
@@ -518,3 +519,11 @@ def backend_of(group=None):
     except Exception:
         return None
     return backend if isinstance(backend, CollectivesBackend) else None
+
+
+def _seconds(timeout):
+    """A group's timeout (a timedelta, as torch hands it) in seconds; None if there is none."""
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+        return seconds if seconds > 0 else None
+    return None

@@ -7,6 +7,7 @@ know about. Both become a :class:`GroupInfo`, so validation, the door and the
 engine read one shape whoever called them.
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import torch.distributed as dist
 
@@ -26,6 +27,9 @@ class GroupInfo:
             the engine keeps one queue per key, and calls are numbered per key.
         store: a c10d Store every member reaches, used only to explain a timeout
             (which call each rank is in); None if there is none.
+        timeout: seconds the group was created with (``init_process_group(timeout=...)``
+            on our torch backend), or None: each wait is bounded by it and by
+            ``COLLECTIVES_TIMEOUT``, whichever is shorter.
     """
     transport: object
     ranks: tuple
@@ -33,6 +37,7 @@ class GroupInfo:
     backend: str
     key: str
     store: object = None
+    timeout: Optional[float] = None
 
     @property
     def size(self):

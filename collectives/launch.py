@@ -153,7 +153,8 @@ def choose_backend(requested, device, placement):
     short = _short_of_gpus(placement)
     if requested == "nccl":
         if device == "cpu":
-            raise SetupError("--backend nccl sends CUDA tensors only; drop --device cpu or use --backend gloo")
+            raise SetupError("--backend nccl sends CUDA tensors only; "
+                             "drop --device cpu or use --backend gloo")
         if short:
             host, n, gpus = short[0]
             raise SetupError(
@@ -325,12 +326,17 @@ def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", p
         while len(out) < world_size and not errors:
             try:
                 rank, ok, value = results.get(timeout=0.1)
-                (out if ok and rank not in expect_exit else errors)[rank] = (
-                    value if rank not in expect_exit else
-                    f"rank {rank} was meant to die but {'returned' if ok else 'raised'}:\n{value}")
-                continue
             except queue.Empty:
                 pass
+            else:
+                if rank in expect_exit:
+                    how = "returned" if ok else "raised"
+                    errors[rank] = f"rank {rank} was meant to die but {how}:\n{value}"
+                elif ok:
+                    out[rank] = value
+                else:
+                    errors[rank] = value
+                continue
             now = time.monotonic()
             for r, p in enumerate(procs):
                 if p.exitcode is None or r in out or r in errors:
@@ -405,13 +411,6 @@ def launch(fn, world_size, args=()):
     return 0
 
 
-def launch_each(fn, world_sizes, args=()):
-    """:func:`launch` ``fn`` at each world size in turn; exit with status 1 at the first failure."""
-    for world in world_sizes:
-        if launch(fn, world, args) != 0:
-            raise SystemExit(1)
-
-
 def _in_group(fn, backend, threads, args):
     rank, _, world, _ = place()
     # Every process would otherwise start one thread per core; N processes
@@ -427,7 +426,7 @@ def _in_group(fn, backend, threads, args):
 
 
 def run_in_group(fn, world_size, *args, backend="gloo", threads=1, **options):
-    """:func:`start` ``world_size`` ranks in a ``backend`` process group; each runs ``fn(rank, world_size, *args)``.
+    """:func:`start` ``world_size`` ranks in a ``backend`` group; each runs ``fn(rank, world_size, *args)``.
 
     ``options`` are :func:`start`'s (env, timeout, start_method, preload, expect_exit).
 
@@ -437,20 +436,3 @@ def run_in_group(fn, world_size, *args, backend="gloo", threads=1, **options):
         ['rank 0', 'rank 1']
     """
     return start(_in_group, world_size, fn, backend, threads, args, **options)
-
-
-@contextlib.contextmanager
-def gloo_group(threads=1):
-    """A benchmark worker's gloo process group, from the environment :func:`launch` set.
-
-    Sets ``threads`` intra-op threads first (torch's default made hand-written
-    rings 2-9x slower on 2 cores) and destroys the group on exit. Yields
-    (rank, world_size).
-    """
-    rank, _, world, _ = place()
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
-    try:
-        yield rank, world
-    finally:
-        dist.destroy_process_group()

@@ -20,7 +20,6 @@ all_to_all_single          all_to_all            input bytes minus its own piece
 =========================  ====================  ===========================================
 """
 import torch
-import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from . import api

@@ -21,6 +21,11 @@ Sources, first match wins:
    (trees, recursive doubling), bandwidth-bound (large) ones few bytes per rank
    (rings, pipelines).
 
+Whatever the source, the choice is among the algorithms that need at most S/N +
+4 MiB of temporary memory (each module's ``cost().extra_memory``; :func:`allowed`):
+a whole-tensor algorithm may win at 16 MiB by a few percent, but not at the price
+of a second copy of the tensor.
+
 ``COLLECTIVES_TUNING_TABLE=FILE`` names a table to use instead of the first
 and the third (read at first use; a file that cannot be read is an error).
 Which source a choice came from is logged once per group size, at debug level,
@@ -41,7 +46,7 @@ import re
 import socket
 
 from . import cost_model
-from .algorithms import ALGORITHMS
+from .algorithms import ALGORITHMS, cost
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +141,22 @@ def reload():
     _said.clear()
 
 
+MEMORY_SLACK = 4 << 20
+
+
+def allowed(collective, nbytes, group_size):
+    """The algorithms ``algorithm=None`` may pick: those needing at most S/N + ``MEMORY_SLACK``
+    bytes of temporary memory (their ``cost().extra_memory``), so whole-tensor algorithms
+    (recursive doubling, trees, naive_ring) serve small tensors only; if none is that frugal
+    (reduce_scatter copies its input), those that need the least."""
+    names = ALGORITHMS[collective]
+    if group_size < 2:
+        return names
+    need = {a: cost(collective, a, group_size, nbytes).extra_memory for a in names}
+    fits = tuple(a for a in names if need[a] <= nbytes // group_size + MEMORY_SLACK)
+    return fits or tuple(a for a in names if need[a] == min(need.values()))
+
+
 def _measured(table, collective, nbytes, group_size, names):
     points = table.get("choices", {}).get(collective, {}).get(str(group_size))
     if points and nbytes <= BEYOND * max(size for size, _ in points):
@@ -163,9 +184,9 @@ def choose(collective, nbytes, group_size):
 
 def explain(collective, nbytes, group_size):
     """(algorithm, where the choice came from): what :func:`choose` picks, and why."""
-    names = ALGORITHMS[collective]
-    if len(names) == 1:
-        return names[0], "the only algorithm"
+    if len(ALGORITHMS[collective]) == 1:
+        return ALGORITHMS[collective][0], "the only algorithm"
+    names = allowed(collective, nbytes, group_size)
     if group_size > 1:
         mine, shipped = _cache(), _table()
         where = f"COLLECTIVES_TUNING_TABLE={table_path()}" if table_path() != TABLE_PATH else \
@@ -182,7 +203,8 @@ def explain(collective, nbytes, group_size):
                 pick = params and cost_model.best(collective, names, group_size, max(nbytes, 1), params)
             if pick:
                 return pick, source
-    return rule_of_thumb(collective, nbytes, group_size), "rules of thumb"
+    pick = rule_of_thumb(collective, nbytes, group_size)
+    return (pick if pick in names else names[0]), "rules of thumb"
 
 
 def _nearest(points, nbytes):
@@ -195,7 +217,7 @@ def rule_of_thumb(collective, nbytes, group_size):
     """The choice without any measurement."""
     small = nbytes <= SMALL_BYTES
     if collective == "all_reduce":
-        return "recursive_doubling" if small or group_size <= 2 else "ring"
+        return "recursive_doubling" if small else "ring"
     if collective == "broadcast":
         if small or group_size <= 2:
             return "binomial_tree"

@@ -156,7 +156,7 @@ class Case:
 
 def _unsupported(exc):
     text = str(exc).lower()
-    return any(s in text for s in ("not supported", "unsupported", "not implemented"))
+    return any(s in text for s in ("not supported", "does not support", "unsupported", "not implemented"))
 
 
 def _aliasing_world(rank, n):

@@ -149,3 +149,26 @@ def test_torchrun_env_init(tmp_path):
                          capture_output=True, text=True, timeout=180, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "rank 0: [3.0, 3.0] on collectives" in run.stdout and "rank 1: [3.0, 3.0] on collectives" in run.stdout
+
+
+def group_timeout_world(rank, n):
+    import datetime
+    import time
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+    if rank == 1:
+        time.sleep(10)                                # never calls the collective on that group
+        return None
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4), group=group)
+    except Exception as exc:
+        return time.monotonic() - start, type(exc).__name__, str(exc)
+    return "no error"
+
+
+def test_the_groups_own_timeout_bounds_each_wait():
+    """``new_group(timeout=2 s)`` bounds the waits even though COLLECTIVES_TIMEOUT (30 s here) is longer."""
+    results = run_world(group_timeout_world, 2, backend="collectives", timeout=90)
+    seconds, kind, text = results[0]
+    assert kind == "CollectiveTimeout" and seconds < 20, results[0]
+    assert "timed out after 2 s" in text, text

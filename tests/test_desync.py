@@ -175,3 +175,29 @@ def test_off_by_default_and_on_with_1(monkeypatch):
     for value, on in (("0", False), ("", False), ("1", True)):
         monkeypatch.setenv("COLLECTIVES_DEBUG", value)
         assert debug.enabled() == on
+
+
+def _always_on_world(rank, world_size):
+    """COLLECTIVES_DEBUG unset: on the group [1, 2] of a world of 3 (rank 0, which hosts the
+    store, is not in it), rank 1 calls all_reduce and rank 2 all_gather of the same bytes."""
+    os.environ.pop("COLLECTIVES_DEBUG", None)
+    os.environ["COLLECTIVES_TIMEOUT"] = "3"
+    pair = dist.new_group([1, 2])
+    out = None
+    if rank == 1:
+        out = attempt(lambda: collectives.all_reduce(torch.ones(4), group=pair))
+    elif rank == 2:
+        out = attempt(lambda: collectives.all_gather([torch.zeros(2), torch.zeros(2)], torch.ones(2),
+                                                     group=pair))
+    dist.barrier()   # rank 0 holds the store until both have raised
+    return out
+
+
+def test_always_on_desync_on_a_subgroup_names_global_ranks():
+    out = run_world(_always_on_world, 3, timeout=90)
+    assert out[0] is None
+    for rank in (1, 2):
+        kind, text = out[rank]
+        assert kind == "DesyncError", f"rank {rank}: {kind}: {text}"
+        assert "[1, 2]" in text and "all_reduce" in text and "all_gather" in text, text
+        assert "rank 1" in text and "rank 2" in text, text

@@ -95,8 +95,8 @@ def test_torchrun_failing_rank_traceback_reaches_stderr(tmp_path, tmp_path_facto
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0
     # the rank's own traceback, frames included, not a one-line summary
-    assert "in faulty_learning_rate" in proc.stderr and "injected failure on rank 1 at step 1" in proc.stderr, \
-        proc.stderr
+    assert "in faulty_learning_rate" in proc.stderr, proc.stderr
+    assert "injected failure on rank 1 at step 1" in proc.stderr
 
 
 @pytest.mark.parametrize("port", ["0", "99999"])

@@ -170,8 +170,8 @@ def fake_checkpoint(out, argv, epoch=1, steps=4):
 def test_resume_with_other_arguments_is_refused_naming_each(tmp_path, tmp_path_factory):
     tmp_path.mkdir(exist_ok=True)
     fake_checkpoint(tmp_path, ["--epochs", "3", "--lr", "0.1", "--seed", "0"])
-    proc = run_train(["--world-size", "2", "--out", str(tmp_path), "--resume", "--epochs", "3",
-                      "--lr", "0.05", "--seed", "7", "--no-progress"], mnist_env(tmp_path_factory), timeout=60)
+    proc = run_train(["--world-size", "2", "--out", str(tmp_path), "--resume", "--epochs", "3", "--lr", "0.05",
+                      "--seed", "7", "--no-progress"], mnist_env(tmp_path_factory), timeout=60)
     assert proc.returncode != 0
     assert "--resume refused" in proc.stderr
     assert "--lr: 0.1 in the checkpoint, 0.05 now" in proc.stderr

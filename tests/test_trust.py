@@ -229,7 +229,9 @@ EXIT_WARNING = re.compile(r"collectives.*(unwaited|(not|never) (been )?waited|pe
                           r"outstanding|in flight|still running)", re.I)
 
 
-EXIT_CASES = [("destroy", 3), ("exit", 0), ("exit", 3)]
+# sys.exit(3) and falling off the end both end through interpreter finalization; 3 shows
+# that the code is the program's. Each case costs two fresh interpreters importing torch.
+EXIT_CASES = [("destroy", 3), ("exit", 3)]
 
 
 @pytest.fixture(scope="module")

@@ -155,9 +155,24 @@ def test_tune_writes_a_table_that_choose_reads(tmp_path, monkeypatch):
 
 def test_auto_choice_table_reads_auto_over_best():
     from benchmarks import auto_choice
-    rows = [{"collective": "all_reduce", "world_size": 2, "size": 4096, "algorithm": a, "time_us": t,
+    s = 64 << 20
+    rows = [{"collective": "all_reduce", "world_size": 2, "size": s, "algorithm": a, "time_us": t,
              "chosen": "ring" if a == "default" else None}
-            for a, t in (("ring", 10.0), ("tree", 8.0), ("default", 11.0), ("builtin", 1.0))]
-    text = auto_choice.table(rows, {(2, "all_reduce", 4096): "rules of thumb"})
-    assert "| all_reduce | 2 | 1.38 ** (ring; best tree) | 1.38 |" in text
+            for a, t in (("ring", 10.0), ("ring_pipelined", 8.0), ("default", 11.0), ("builtin", 1.0),
+                         ("naive_ring", 1.0))]  # fastest, but 2 S of memory: not a candidate at 64 MiB
+    text = auto_choice.table(rows, {(2, "all_reduce", s): "rules of thumb"})
+    assert "| all_reduce | 2 | 1.38 ** (ring; best ring_pipelined) | 1.38 |" in text
     assert "worst 1.38; 0/1 points within 1.10" in text and "rules of thumb" in text
+
+
+def test_the_choice_stays_within_its_memory_bound(cache):
+    """issue 14: at 64 MiB algorithm=None needs at most S/N + a few MiB, whatever the table says."""
+    write_cache({"choices": {"all_reduce": {"2": [[64 << 20, "recursive_doubling"]]}}, "models": {"2": SLOW}})
+    from collectives.algorithms import cost
+    for n in (2, 3, 4, 8):
+        for s in (16 << 20, 64 << 20):
+            pick = tuning.choose("all_reduce", s, n)
+            assert cost("all_reduce", pick, n, s).extra_memory <= s // n + tuning.MEMORY_SLACK, (n, s, pick)
+    assert "recursive_doubling" not in tuning.allowed("all_reduce", 64 << 20, 2)
+    assert "recursive_doubling" in tuning.allowed("all_reduce", 4096, 2)
+    assert tuning.allowed("reduce_scatter", 64 << 20, 4) == ("ring",)     # all copy the input: the least

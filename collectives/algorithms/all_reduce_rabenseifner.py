@@ -3,7 +3,8 @@
 Semantics: every rank ends with ``op`` over all ranks' tensors, bitwise equal.
 
 Communication steps: 2 log2(N) for a power of two; 2 log2(P) + 2 otherwise
-  (while S/N is under 1 MiB; larger tensors travel in more, smaller messages, below)
+  (up to S = 2 MiB, 1 MiB with a fold, and at any size on 2 ranks; beyond, the
+  halves travel as several messages, below)
 Messages each rank sends: 2 log2(N) (large tensors: about N-1 + log2 N)
 Bytes each rank sends: 2(N-1)/N * S for a power of two, like the ring, in
   log2 N steps instead of N-1; the fold adds S for the N-P folded pairs
@@ -31,8 +32,9 @@ Large tensors travel in pieces: no message is larger than one N-th of the
 tensor or ``CHUNK_BYTES`` (1 MiB), whichever is larger. A step whose half is
 larger is cut into several messages, each with its own step number, each
 received into one reused buffer and folded in before the next is received.
-Small tensors (S/N under 1 MiB) keep the schedule above; large ones send the
-same bytes in more messages (about N-1 + log2 N for a power of two).
+Tensors up to 2 MiB (1 MiB with a fold) keep the schedule above, and so does
+any tensor on 2 ranks; larger ones send the same bytes in more messages (about
+N-1 + log2 N for a power of two).
 
 Extra memory: about max(S/N, CHUNK_BYTES), at most S/N + 1 MiB: the reused
 receive buffer. The halving works in place on the tensor and the all-gather

@@ -119,7 +119,8 @@ def demo(rank, world_size):
         dist.all_gather_object(results, (show(ours), theirs if theirs is ABSENT else show(theirs)))
         if rank == 0:
             if any(b == ABSENT for _, b in results):
-                verdict = f"(torch {torch.__version__.split('+')[0]}'s gloo has no {case.__name__}: ours alone)"
+                version = torch.__version__.split("+")[0]
+                verdict = f"(torch {version}'s gloo has no {case.__name__}: ours alone)"
             else:
                 verdict = f"same as torch: {all(a == b for a, b in results)}"
             print(f"{case.__name__:<15} in: {INPUTS[case.__name__]}")
