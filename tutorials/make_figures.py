@@ -15,18 +15,19 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from collectives import cost_model, plot
 from tutorials.demos.common import run
-from tutorials.demos.traces import (all_reduce_trace, all_reduce_traces, repeated_all_reduce_traces,
+from tutorials.demos.traces import (all_reduce_traces, repeated_all_reduce_traces,
                                     training_step_trace)
 
 FIGURES = Path(__file__).resolve().parent / "figures"
 WORLD_SIZE = 4
 ALGORITHMS = ["naive_ring", "ring", "recursive_doubling", "rabenseifner", "tree"]
 REPEATS = 15          # traced calls per algorithm for the tree/doubling comparison
+RING_REPEATS = 7      # traced 4 MiB calls per ring
 
 
 def collect(rank, world_size):
-    traces = {"ring_timeline": all_reduce_trace(rank, world_size, "ring", 1 << 20),
-              "naive_timeline": all_reduce_trace(rank, world_size, "naive_ring", 1 << 20),
+    traces = {"rings": repeated_all_reduce_traces(rank, world_size, ["naive_ring", "ring"], 1 << 20,
+                                                  RING_REPEATS),
               "small": repeated_all_reduce_traces(rank, world_size, ["tree", "recursive_doubling"],
                                                   1 << 10, REPEATS),
               "bytes": all_reduce_traces(rank, world_size, ALGORITHMS, 4096),
@@ -107,6 +108,24 @@ def tree_vs_doubling_figure(calls):
     top[1].suptitle("measured here: 4 processes on a shared 2-core CPU, gloo, 4 KiB all_reduce",
                     fontsize=10)
     return fig
+
+
+def ring_timeline_figure(calls):
+    """The median traced call of the whole-tensor and the chunked ring, on one time axis."""
+    fig, axes = plt.subplots(2, 1, figsize=(9, 5.5), constrained_layout=True, sharex=True)
+    for ax, (name, label) in zip(axes, (("naive_ring", "whole-tensor ring"), ("ring", "chunked ring"))):
+        times = [duration(c) * 1e3 for c in calls[name]]
+        plot.timeline(median_call(calls[name]), ax=ax,
+                      title=f"{label}, 4 MiB: median of {len(times)} calls, {statistics.median(times):.1f} ms")
+    axes[0].set_xlabel("")
+    return fig
+
+
+def report(calls, size):
+    for name, traced in calls.items():
+        times = sorted(duration(c) * 1e3 for c in traced)
+        print(f"{name}: {len(times)} calls of {size}, ms: min {times[0]:.2f}, "
+              f"median {statistics.median(times):.2f}, max {times[-1]:.2f}")
 
 
 def bucket_calls(calls, rank):
@@ -190,17 +209,12 @@ def main():
     plt.switch_backend("Agg")
     FIGURES.mkdir(exist_ok=True)
     traces = run(collect, WORLD_SIZE)[0]
-    ring = traces["ring_timeline"]
-    save(plot.ring_ownership(ring)[0], "ring_ownership.png")
-    fig, axes = plt.subplots(2, 1, figsize=(9, 5.5), constrained_layout=True)
-    plot.timeline(traces["naive_timeline"], ax=axes[0], title="naive (whole-tensor) ring, 4 MiB")
-    plot.timeline(ring, ax=axes[1], title="chunked ring, 4 MiB")
-    save(fig, "ring_timeline.png")
+    rings = traces["rings"]
+    save(plot.ring_ownership(rings["ring"][0])[0], "ring_ownership.png")
+    report(rings, "4 MiB")
+    save(ring_timeline_figure(rings), "ring_timeline.png")
     small = traces["small"]
-    for name, calls in small.items():
-        times = sorted(duration(c) * 1e3 for c in calls)
-        print(f"{name}: {len(times)} calls of 4 KiB, ms: min {times[0]:.2f}, "
-              f"median {statistics.median(times):.2f}, max {times[-1]:.2f}")
+    report(small, "4 KiB")
     save(tree_vs_doubling_figure(small), "tree_vs_doubling_timeline.png")
     save(plot.bytes_per_rank(traces["bytes"], title="all_reduce of 16 KiB on 4 ranks: bytes each rank "
                                                     "sends").figure, "bytes_per_rank.png")
