@@ -104,10 +104,7 @@ def build_parser():
 def main(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
-    args.collective = args.collective.split(",")
-    unknown = [c for c in args.collective if c not in sweep.COLLECTIVES]
-    if unknown:
-        p.error(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(sweep.COLLECTIVES)}")
+    args.collective = sweep.collectives_flag(p, args.collective)
     args = common.finish_parsing(p, args)
     meta = common.machine_info("python -m benchmarks.auto_choice", args)
     results = common.run_worlds(_worker, args)

@@ -153,10 +153,7 @@ def main(argv=None):
     common.add_world_flags(p, default="2,4", backend=False)
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "memory"))
     args = p.parse_args(argv)
-    args.collective = args.collective.split(",")
-    unknown = [c for c in args.collective if c not in sweep.COLLECTIVES]
-    if unknown:
-        p.error(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(sweep.COLLECTIVES)}")
+    args.collective = sweep.collectives_flag(p, args.collective)
     args.algorithm = args.algorithm.split(",")
     if not os.path.exists("/proc/self/clear_refs"):
         p.error("peak memory comes from /proc/self/clear_refs and VmHWM, which this system lacks (Linux only)")

@@ -458,13 +458,19 @@ def build_parser():
     return p
 
 
+def collectives_flag(parser, text):
+    """``--collective``'s comma-separated names (or ``all``) as a list; unknown names end the program."""
+    names = list(COLLECTIVES) if text == "all" else text.split(",")
+    unknown = [c for c in names if c not in COLLECTIVES]
+    if unknown:
+        parser.error(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(COLLECTIVES)}")
+    return names
+
+
 def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
-    args.collective = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
-    unknown = [c for c in args.collective if c not in COLLECTIVES]
-    if unknown:
-        p.error(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(COLLECTIVES)}")
+    args.collective = collectives_flag(p, args.collective)
     args.algorithm = args.algorithm.split(",")
     known = {a for names in ALGORITHMS.values() for a in names} | {"builtin", "default", "all"}
     unknown = [a for a in args.algorithm if a not in known]

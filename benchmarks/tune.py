@@ -97,10 +97,7 @@ def build_parser():
 def parse_args(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
-    args.collective = args.collective.split(",")
-    unknown = [c for c in args.collective if c not in sweep.COLLECTIVES]
-    if unknown:
-        p.error(f"unknown collective(s) {', '.join(unknown)}; choose from {', '.join(sweep.COLLECTIVES)}")
+    args.collective = sweep.collectives_flag(p, args.collective)
     if args.top < 1:
         p.error("--top must be 1 or more")
     args = common.finish_parsing(p, args)
