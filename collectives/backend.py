@@ -57,6 +57,25 @@ ENV_ALGO = "COLLECTIVES_ALGO"
 from torch._C._distributed_c10d import Work as _C10dWork
 
 
+def _subclassable(cls):
+    """Whether Python may subclass torch's C++ class ``cls`` (pybind gives it a constructor)."""
+    class _Probe(cls):
+        pass
+    try:
+        _Probe(0, 1)
+    except TypeError:    # "No constructor defined!"
+        return False
+    return True
+
+
+# torch 2.15 lets Python subclass its C++ ``Backend``: torch's ProcessGroup wraps our backend
+# like gloo's, per device. torch 2.11 does not ("No constructor defined!"); there the creator
+# returns a Python ``ProcessGroup`` instead, which torch takes as the whole group. Both call the
+# same methods by the same names, so one class serves both; what differs is said where it does.
+BACKEND_IS_PROCESS_GROUP = not _subclassable(_C10dBackend)
+_Base = dist.ProcessGroup if BACKEND_IS_PROCESS_GROUP else _C10dBackend
+
+
 def parse_algorithms(text, where=ENV_ALGO):
     """``"all_reduce:ring,broadcast:binomial_tree"`` -> ``{"all_reduce": "ring", ...}``.
 
@@ -141,11 +160,13 @@ def _unsupported(op, reason):
     return UnsupportedOperation(f"collectives backend: {op}: {reason}")
 
 
-class CollectivesBackend(_C10dBackend):
+class CollectivesBackend(_Base):
     """torch's ``Backend`` interface, answered by our algorithms.
 
     Built by :func:`_create`; not meant to be constructed by hand. ``ranks``
-    are the global ranks of the group in group-rank order.
+    are the global ranks of the group in group-rank order. Where torch cannot
+    subclass ``Backend`` (2.11) this is a ``ProcessGroup`` and is the group
+    itself: a mixed ``"cpu:collectives,cuda:nccl"`` group is then ours alone.
     """
 
     def __init__(self, store, rank, size, timeout, ranks, group_name=""):
@@ -170,6 +191,13 @@ class CollectivesBackend(_C10dBackend):
 
     def getBackendName(self):  # noqa: N802 (torch's name)
         return NAME
+
+    # A ProcessGroup (torch 2.11) asks its backends for its name and has none: we answer.
+    def getGroupName(self):  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name):  # noqa: N802
+        self._group_name = name
 
     def name(self):
         return NAME
@@ -514,6 +542,8 @@ def register():
 def backend_of(group=None):
     """The :class:`CollectivesBackend` behind ``group`` (None: the default group), or None."""
     group = group if group is not None else dist.group.WORLD
+    if isinstance(group, CollectivesBackend):     # torch 2.11: the group is the backend
+        return group
     try:
         backend = group._get_backend(torch.device("cpu"))
     except Exception:

@@ -172,7 +172,12 @@ def _cases(rank, group, ranks, ref):
 
     def barrier():
         run("barrier", "dissemination", 1, lambda: dist.barrier(group=group))
-        dist.monitored_barrier(group=group)
+        try:
+            dist.monitored_barrier(group=group)
+        except ValueError as exc:
+            # torch 2.11 refuses any backend but gloo before it reaches ours
+            assert "only implemented for GLOO" in str(exc), exc
+            backend_of(group).monitored_barrier()
     yield "barrier + monitored_barrier", barrier
 
     def point_to_point():
