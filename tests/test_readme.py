@@ -34,3 +34,15 @@ def test_ci_runs_the_readme_test_command():
     calls = [line for line in ci if re.search(r"\bsuite\b(?!\(\))", line)]
     assert len(calls) == 2, ".ci/run runs the suite twice: newest torch and the floor"
     assert commands[0].startswith("pip install -e . && python -m collectives.train")
+
+
+def test_ci_floor_is_pyprojects_lower_bound():
+    """The floor .ci/run tests is the one pyproject.toml declares (and README names)."""
+    ci = (sync.ROOT / ".ci" / "run").read_text()
+    pyproject = (sync.ROOT / "pyproject.toml").read_text()
+    pinned = dict(re.findall(r"(torch|torchvision)==([\d.]+)", re.search(r'FLOOR="([^"]+)"', ci)[1]))
+    declared = dict(re.findall(r'"(torch|torchvision)>=([\d.]+)"', pyproject))
+    assert set(pinned) == set(declared) == {"torch", "torchvision"}
+    for name, version in pinned.items():
+        assert version.startswith(declared[name]), f"{name}: .ci/run pins {version}, pyproject says >={declared[name]}"
+        assert f"{name} {version}" in README, f"README does not name the floor {name} {version}"

@@ -58,6 +58,9 @@ def start_shell(command):
     port = free_port()
     command = PORT_FLAG.sub(lambda m: m[1] + str(port), command)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    # The commands say `python` and `torchrun`: the ones beside this interpreter, so a suite
+    # run as .venv/bin/python -m pytest, without activating, runs them in the same environment.
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     return subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
