@@ -312,14 +312,18 @@ def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", p
     results = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(r, env, fn, args, results), daemon=False)
              for r in range(world_size)]
-    saved = dict(os.environ)
-    os.environ.update(env)           # spawned interpreters see it from their first import
+    if start_method == "spawn":
+        # spawned interpreters see the job's environment from their first import; each child
+        # sets it again (_child), which is all a forked one needs
+        saved = dict(os.environ)
+        os.environ.update(env)
     try:
         for p in procs:
-            p.start()
+            p.start()   # a fork server starts here the first time: in this process's own environment
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        if start_method == "spawn":
+            os.environ.clear()
+            os.environ.update(saved)
     deadline = None if timeout is None else time.monotonic() + timeout
     out, errors, silent_since = {}, {}, {}
     try:

@@ -161,3 +161,40 @@ def test_start_hard_timeout_kills_the_world():
         # spawn: each process starts from this environment, so the marker shows in /proc
         launch.run_in_group(_sleeps, 2, env={"COLLECTIVES_TEST_MARKER": marker}, timeout=3)
     assert _processes_with(marker) == []
+
+
+_LEAK_PROGRAM = """
+import multiprocessing as mp, os
+from collectives import launch
+
+def world():
+    return os.environ["MASTER_PORT"]
+
+def later(q):
+    q.put({k: os.environ.get(k) for k in ("TORCHELASTIC_USE_AGENT_STORE", "MASTER_PORT", "WORLD_SIZE")})
+
+if __name__ == "__main__":
+    launch.start(world, 2, start_method="forkserver", preload=["collectives"], timeout=60)
+    ctx = mp.get_context("forkserver")      # the same fork server, started by the world above
+    q = ctx.Queue()
+    p = ctx.Process(target=later, args=(q,))
+    p.start()
+    print(q.get(timeout=60))
+    p.join()
+"""
+
+
+def test_a_world_leaves_no_environment_in_the_fork_server(tmp_path):
+    """A forkserver world must not start the fork server inside its own environment: every
+    later process forked from it (the exercise grader's, another test's) inherited the job's
+    MASTER_PORT and TORCHELASTIC_USE_AGENT_STORE, and on torch 2.11 its tcp:// rendezvous
+    then waited for an agent store that was gone: the suite hung."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCHELASTIC_USE_AGENT_STORE", "MASTER_PORT", "WORLD_SIZE", "MASTER_ADDR")}
+    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
+    (tmp_path / "leak.py").write_text(_LEAK_PROGRAM)
+    run = subprocess.run([sys.executable, str(tmp_path / "leak.py")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == str({"TORCHELASTIC_USE_AGENT_STORE": None, "MASTER_PORT": None,
+                                      "WORLD_SIZE": None}), run.stdout
