@@ -10,10 +10,12 @@ one row per world size: milliseconds per step (median over rounds of the
 slowest rank's mean), and the ratio collectives/gloo (median of per-round
 ratios; the goal is <= 1.05)::
 
-    python -m benchmarks.ddp_backend --world-size 2 4 -n 20 -w 5
+    python -m benchmarks.ddp_backend --world-size 2,4 -n 20 -w 5
     python -m benchmarks.ddp_backend --world-size 4 --algo all_reduce:ring
 
 ``--algo`` is passed as ``COLLECTIVES_ALGO`` (default: the automatic choice).
+``--world-size``, ``-n``, ``-w``, ``--threads`` and ``--timeout`` are the flags every
+benchmark takes (``benchmarks.common``).
 """
 import argparse
 import os
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import collectives  # noqa: F401  (registers the "collectives" backend)
+from benchmarks import common
 from collectives import launch
 from collectives.models import Net
 
@@ -45,7 +48,8 @@ def _round(model, opt, x, y, steps, group):
 
 def _worker(args):
     rank, _, world, _ = launch.place()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    os.environ["COLLECTIVES_TIMEOUT"] = str(args.timeout)
     if args.algo:
         os.environ["COLLECTIVES_ALGO"] = args.algo
     dist.init_process_group("collectives", init_method="env://", rank=rank, world_size=world)
@@ -58,7 +62,7 @@ def _worker(args):
             torch.manual_seed(0)
             model = DDP(Net(), process_group=group, bucket_cap_mb=args.bucket_cap_mb)
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            _round(model, opt, x, y, args.warmup, gloo)
+            _round(model, opt, x, y, args.warmup_iters, gloo)
             runs[name] = (model, opt, [])
         names = list(runs)
         for r in range(args.iters):
@@ -76,18 +80,19 @@ def _worker(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.ddp_backend", description=__doc__.split("\n")[0])
-    p.add_argument("--world-size", type=int, nargs="+", default=[2, 4], help="world sizes to run (N)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed rounds per backend")
-    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed steps per backend first")
+    common.add_timing_flags(p, n=20, w=5)   # -n: timed rounds per backend; -w: untimed steps first
+    common.add_world_flags(p, default="2,4", backend=False)
     p.add_argument("--steps", type=int, default=5, help="steps per timed round")
-    p.add_argument("-b", "--batch-size", type=int, default=32, help="examples per rank per step")
+    p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's bucket size")
     p.add_argument("--algo", default="", help='COLLECTIVES_ALGO, e.g. "all_reduce:ring" (default: auto)')
-    args = p.parse_args(argv)
-    print(f"# torch DDP, MNIST net, {args.iters} rounds x {args.steps} steps after {args.warmup} warm-up "
+    args = common.finish_parsing(p, p.parse_args(argv))
+    print(f"# torch DDP, MNIST net, {args.iters} rounds x {args.steps} steps after {args.warmup_iters} warm-up "
           f"steps; COLLECTIVES_ALGO={args.algo or '(auto)'}")
     print(f"# {'N':>4s} {'batch':>6s} {'gloo ms':>10s} {'collectives':>12s} {'ratio':>7s}")
-    launch.launch_each(_worker, args.world_size, (args,))
+    for n in args.world_size:   # one world each (under torchrun: torchrun's, in this process)
+        if launch.launch(_worker, n, (args,)) != 0:
+            raise SystemExit(1)
 
 
 if __name__ == "__main__":

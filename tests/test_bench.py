@@ -354,3 +354,14 @@ def test_call_tags_switch_restores_the_environment(monkeypatch):
     with desync_cost.call_tags(False):
         assert os.environ["COLLECTIVES_CALL_TAGS"] == "0"
     assert "COLLECTIVES_CALL_TAGS" not in os.environ
+
+
+def test_ddp_backend_prints_a_ratio_per_world_size(capfd, monkeypatch):
+    """benchmarks.ddp_backend takes the flags every benchmark takes (``--world-size 2,4``, -n, -w)."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    from benchmarks import ddp_backend
+    ddp_backend.main(["--world-size", "2", "-n", "2", "-w", "1", "--steps", "1", "--batch-size", "4"])
+    rows = [line.split() for line in capfd.readouterr().out.splitlines() if not line.startswith("#")]
+    assert len(rows) == 1 and rows[0][:2] == ["2", "4"], rows
+    assert all(float(x) > 0 for x in rows[0][2:])
