@@ -305,6 +305,21 @@ def time_candidates_with_cpu(cands, iters, warmup, batch, device):
     Returns ({name: seconds}, {name: CPU seconds}). The CPU clock is read outside
     the wall-clock window, so the wall times are those :func:`time_candidates` gives.
     """
+    wall, cpu = time_samples(cands, iters, warmup, batch, device)
+    return ({name: statistics.median(row) for name, row in wall.items()},
+            {name: statistics.median(row) for name, row in cpu.items()})
+
+
+def paired_ratio(a, b):
+    """Median over samples of ``a[i] / b[i]``: samples of one round ran side by side, so
+    load that slows a round slows both, and the ratio of a round is steadier than the
+    ratio of two medians."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def time_samples(cands, iters, warmup, batch, device):
+    """The samples behind :func:`time_candidates_with_cpu`: ({name: [seconds per call of
+    round i]}, {name: [CPU seconds per call]}), the slowest rank's, in round order."""
     names = list(cands)
     wall = [[] for _ in names]
     cpu = [[] for _ in names]
@@ -325,8 +340,7 @@ def time_candidates_with_cpu(cands, iters, warmup, batch, device):
                 wall[idx].append(dt)
                 cpu[idx].append(dc)
     wall, cpu = slowest_rank(wall, device), slowest_rank(cpu, device)
-    return ({name: statistics.median(row) for name, row in zip(names, wall)},
-            {name: statistics.median(row) for name, row in zip(names, cpu)})
+    return dict(zip(names, wall)), dict(zip(names, cpu))
 
 
 # ---------------------------------------------------------------- progress

@@ -18,8 +18,10 @@ For each (size, algorithm) three candidates run interleaved in the same
 processes (see :func:`benchmarks.common.time_candidates`): ``tags on``,
 ``tags off`` (the variable set to 0 around each call; the door reads it when a
 call starts) and the built-in for scale. The row shows the median of the
-slowest rank's time per call and the ratio on/off. On a shared machine the
-ratio needs many iterations (``-n``) to settle; report figures from a quiet one.
+slowest rank's time per call and the ratio on/off: the median over rounds of
+each round's on/off (the two ran side by side; see :func:`benchmarks.common.paired_ratio`).
+On a shared machine the ratio needs many iterations (``-n``) to settle; report figures
+from a quiet one.
 
 ``--debug`` adds a fourth candidate, ``debug on``: ``COLLECTIVES_DEBUG=1``,
 which exchanges a fingerprint of every call among all ranks before any data
@@ -28,6 +30,7 @@ moves (one more round of N(N-1) small messages), and its time over ``tags on``.
 import argparse
 import contextlib
 import os
+import statistics
 
 import torch
 import torch.distributed as dist
@@ -85,13 +88,16 @@ def _worker(args, rank, n, device):
             cands = {"tags on": ours(True), "tags off": ours(False), "built-in": lambda: dist.all_reduce(x)}
             if args.debug:
                 cands["debug on"] = ours(True, debug=True)
-            t = common.time_candidates(cands, args.iters, args.warmup_iters,
-                                       common.batch_for(size, args.batch), device)
+            samples, _ = common.time_samples(cands, args.iters, args.warmup_iters,
+                                             common.batch_for(size, args.batch), device)
+            t = {name: statistics.median(row) for name, row in samples.items()}
             r = {"world_size": n, "size": x.numel() * 4, "algorithm": algorithm,
                  "tags_on_us": 1e6 * t["tags on"], "tags_off_us": 1e6 * t["tags off"],
-                 "builtin_us": 1e6 * t["built-in"], "on_over_off": t["tags on"] / t["tags off"]}
+                 "builtin_us": 1e6 * t["built-in"],
+                 "on_over_off": common.paired_ratio(samples["tags on"], samples["tags off"])}
             if args.debug:
-                r.update(debug_on_us=1e6 * t["debug on"], debug_over_on=t["debug on"] / t["tags on"])
+                r.update(debug_on_us=1e6 * t["debug on"],
+                         debug_over_on=common.paired_ratio(samples["debug on"], samples["tags on"]))
             rows.append(r)
             if rank == 0:
                 debug = f" {r['debug_on_us']:>10.1f} {r['debug_over_on']:>9.3f}" if args.debug else ""
@@ -123,7 +129,7 @@ def main(argv=None):
               f"'tags on' and 'tags off' time the same code", flush=True)
     if common.is_rank0():
         print(f"# all_reduce float32, -n {args.iters} -w {args.warmup_iters}; time per call (us), median of the "
-              f"slowest rank; on/off = time with the call tags over time without", flush=True)
+              f"slowest rank; on/off = time with the call tags over time without, median of per-round ratios", flush=True)
         debug = f" {'debug on':>10} {'debug/on':>9}" if args.debug else ""
         print(f"#{'N':>3} {'size(B)':>9} {'algorithm':>20} {'tags on':>10} {'tags off':>10} {'built-in':>10} "
               f"{'on/off':>7}{debug}", flush=True)

@@ -343,9 +343,14 @@ def test_desync_cost_times_both_sides(tmp_path, capfd):
     assert [(r["world_size"], r["algorithm"]) for r in rows] == [(2, "ring"), (2, "default")]
     for r in rows:
         assert r["tags_on_us"] > 0 and r["tags_off_us"] > 0 and r["builtin_us"] > 0
-        assert math.isclose(r["on_over_off"], r["tags_on_us"] / r["tags_off_us"])
-        assert math.isclose(r["debug_over_on"], r["debug_on_us"] / r["tags_on_us"])
+        assert r["on_over_off"] > 0 and r["debug_over_on"] > 0
     assert "worst on/off" in capfd.readouterr().out
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    # each round: 1.1, 1.1, 1.5 (the last ran alone under load); the ratio of the medians is 1.2
+    a, b = [1.1, 9.9, 1.2], [1.0, 9.0, 0.8]
+    assert math.isclose(common.paired_ratio(a, b), 1.1)
 
 
 def test_call_tags_switch_restores_the_environment(monkeypatch):
