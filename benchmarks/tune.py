@@ -14,7 +14,8 @@ In each world it
    gamma (``collectives.cost_model.fit``);
 2. at every size from ``-b`` to ``-e`` and for every collective, ranks the
    algorithms ``algorithm=None`` may pick there (within its memory bound,
-   ``collectives.tuning.allowed``) by the fitted model and times the ``--top`` most promising
+   ``collectives.tuning.allowed``) by the fitted model and times them all up to
+   ``--all-below`` (1M), the ``--top`` most promising above it
    (``benchmarks.sweep.measure_point``, interleaved, so they see the same
    noise): where the model is unsure, near its crossovers, the measurement
    decides;
@@ -48,6 +49,16 @@ def ranked(collective, n, size, params):
                   key=lambda a: cost_model.predict(collective, a, n, size, params))
 
 
+def timed(collective, n, size, params, top, all_below):
+    """The algorithms to time at a point: every one ``algorithm=None`` may pick up to
+    ``all_below`` bytes, where timing them all is cheap and the model is least right (with
+    more ranks than cores a rank's wake-up costs more than alpha: the tree beat recursive
+    doubling at N=4, 4K-1M, on 2 cores, while the model ranked it fourth); above, the
+    model's ``top`` best."""
+    names = ranked(collective, n, size, params)
+    return names if size <= all_below else names[:top]
+
+
 def _over_budget(deadline):
     """True on every rank once any rank has passed ``deadline`` (they must skip together)."""
     late = torch.tensor([float(time.monotonic() > deadline)])
@@ -67,7 +78,7 @@ def _worker(args, rank, n, device):
         if skipped or _over_budget(deadline):
             skipped.append((collective, size))
             continue
-        names = ranked(collective, n, size, params)[:args.top]
+        names = timed(collective, n, size, params, args.top, args.all_below)
         progress.step(f"{collective} {common.human(size)}: {', '.join(names)}")
         cands = sweep.candidates_for(collective, names, builtin=False)
         rows += sweep.measure_point(collective, size, cands, rank, n, device, iters=args.iters,
@@ -84,7 +95,10 @@ def build_parser():
     common.add_timing_flags(p, n=5, w=1)
     p.add_argument("--collective", default=",".join(sweep.DEFAULT_COLLECTIVES),
                    help=f"comma-separated: {','.join(sweep.COLLECTIVES)}")
-    p.add_argument("--top", type=int, default=3, help="algorithms timed per point: the model's best few")
+    p.add_argument("--top", type=int, default=3, help="algorithms timed per point above --all-below: "
+                                                       "the model's best few")
+    p.add_argument("--all-below", type=common.parse_size, default=common.parse_size("1M"),
+                   help="up to this size, time every algorithm algorithm=None may pick")
     p.add_argument("--budget", type=float, default=120, help="seconds for the whole run (split between "
                                                              "world sizes); left-over sizes go to the model")
     common.add_world_flags(p, default="2")

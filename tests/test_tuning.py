@@ -176,3 +176,12 @@ def test_the_choice_stays_within_its_memory_bound(cache):
     assert "recursive_doubling" not in tuning.allowed("all_reduce", 64 << 20, 2)
     assert "recursive_doubling" in tuning.allowed("all_reduce", 4096, 2)
     assert tuning.allowed("reduce_scatter", 64 << 20, 4) == ("ring",)     # all copy the input: the least
+
+
+def test_tune_times_every_candidate_where_it_is_cheap():
+    from benchmarks import tune
+    params = {"alpha": 165e-6, "beta": 1 / 2.9e9, "gamma": 1 / 7.3e9}
+    small = tune.timed("all_reduce", 4, 4096, params, top=3, all_below=1 << 20)
+    assert sorted(small) == sorted(tuning.allowed("all_reduce", 4096, 4)) and "tree" in small
+    large = tune.timed("all_reduce", 4, 64 << 20, params, top=3, all_below=1 << 20)
+    assert large == tune.ranked("all_reduce", 4, 64 << 20, params)[:3]
