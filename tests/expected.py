@@ -101,6 +101,13 @@ BUILTIN_COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "gathe
                        "all_reduce_coalesced", "monitored_barrier")
 
 
+def builtin_refused(error):
+    """Whether torch's built-in refused the call itself (an exception or its text): older
+    torch lacks some gloo collectives (2.11: "Backend gloo does not support alltoall")."""
+    text = str(error).lower()
+    return any(s in text for s in ("not supported", "does not support", "unsupported", "not implemented"))
+
+
 @contextlib.contextmanager
 def builtin_collectives_forbidden():
     """Replace torch.distributed's collectives with functions that raise."""

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 import collectives
 from collectives import ALGORITHMS
+from tests.expected import builtin_refused
 from tests.worlds import run_world
 
 WORLD_SIZES = (1, 2, 3, 4, 5)
@@ -154,11 +155,6 @@ class Case:
         return bad
 
 
-def _unsupported(exc):
-    text = str(exc).lower()
-    return any(s in text for s in ("not supported", "does not support", "unsupported", "not implemented"))
-
-
 def _aliasing_world(rank, n):
     """{(collective, variant, size): {"builtin": ..., (algorithm, async_op): ...}} on this rank."""
     out = {}
@@ -172,7 +168,7 @@ def _aliasing_world(rank, n):
                     case.run(dist)
                     entry["builtin"] = case.problems()
                 except RuntimeError as exc:   # e.g. a gloo collective an older torch lacks
-                    if not _unsupported(exc):
+                    if not builtin_refused(exc):
                         raise
                     entry["builtin"] = None
                 for algorithm in (None,) + ALGORITHMS[collective]:

@@ -33,6 +33,7 @@ import torch.multiprocessing as mp
 import collectives
 from collectives.launch import free_port
 from tests import worlds
+from tests.expected import builtin_refused
 from tests.worlds import run_world
 
 TIMEOUT = 5.0     # COLLECTIVES_TIMEOUT where a failure is expected
@@ -312,12 +313,6 @@ def _no_values(shape):
     return shape
 
 
-def _unsupported(text):
-    """torch's built-in refused the call itself (torch 2.11's gloo: "does not support alltoall")."""
-    text = str(text).lower()
-    return any(s in text for s in ("not supported", "does not support", "unsupported", "not implemented"))
-
-
 def _future_value(make):
     work = make()
     fut = work.get_future()
@@ -358,7 +353,7 @@ def test_future_value_is_torchs(n):
                 want = sum(torch.arange(3, dtype=torch.float32) + 10 * r + 100 * rank for r in range(n))
                 if ours[3] != ("list", [_shape_of(want)]):
                     bad.append(f"{where}: ours {ours[3]}, want [output] = {want.tolist()}")
-            elif name == "all_to_all" and _unsupported(builtin[2]):
+            elif name == "all_to_all" and builtin_refused(builtin[2]):
                 # torch 2.11's gloo has no alltoall at all; the closed form: output k is what
                 # rank k sent to this rank, and the value is the output list
                 want = [torch.arange(3, dtype=torch.float32) + 10 * k + 100 * rank for k in range(n)]
