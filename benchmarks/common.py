@@ -306,8 +306,12 @@ def time_candidates_with_cpu(cands, iters, warmup, batch, device):
     the wall-clock window, so the wall times are those :func:`time_candidates` gives.
     """
     wall, cpu = time_samples(cands, iters, warmup, batch, device)
-    return ({name: statistics.median(row) for name, row in wall.items()},
-            {name: statistics.median(row) for name, row in cpu.items()})
+    return medians(wall), medians(cpu)
+
+
+def medians(samples):
+    """{name: [samples]} -> {name: their median}."""
+    return {name: statistics.median(row) for name, row in samples.items()}
 
 
 def paired_ratio(a, b):

@@ -30,7 +30,6 @@ moves (one more round of N(N-1) small messages), and its time over ``tags on``.
 import argparse
 import contextlib
 import os
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -90,7 +89,7 @@ def _worker(args, rank, n, device):
                 cands["debug on"] = ours(True, debug=True)
             samples, _ = common.time_samples(cands, args.iters, args.warmup_iters,
                                              common.batch_for(size, args.batch), device)
-            t = {name: statistics.median(row) for name, row in samples.items()}
+            t = common.medians(samples)
             r = {"world_size": n, "size": x.numel() * 4, "algorithm": algorithm,
                  "tags_on_us": 1e6 * t["tags on"], "tags_off_us": 1e6 * t["tags off"],
                  "builtin_us": 1e6 * t["built-in"],
