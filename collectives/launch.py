@@ -224,6 +224,18 @@ def _die_with_parent():
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 
+@contextlib.contextmanager
+def _environment(env):
+    """``env`` added to this process's environment for the duration; then it is as before."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def _child(rank, env, fn, args, results):
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
     _die_with_parent()
@@ -312,18 +324,12 @@ def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", p
     results = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(r, env, fn, args, results), daemon=False)
              for r in range(world_size)]
-    if start_method == "spawn":
-        # spawned interpreters see the job's environment from their first import; each child
-        # sets it again (_child), which is all a forked one needs
-        saved = dict(os.environ)
-        os.environ.update(env)
-    try:
+    # Spawned interpreters see the job's environment from their first import. A forked child
+    # needs only what _child sets, and a fork server, started here the first time, must start
+    # in this process's own environment: every later process is forked from it.
+    with _environment(env) if start_method == "spawn" else contextlib.nullcontext():
         for p in procs:
-            p.start()   # a fork server starts here the first time: in this process's own environment
-    finally:
-        if start_method == "spawn":
-            os.environ.clear()
-            os.environ.update(saved)
+            p.start()
     deadline = None if timeout is None else time.monotonic() + timeout
     out, errors, silent_since = {}, {}, {}
     try:
