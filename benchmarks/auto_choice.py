@@ -10,7 +10,8 @@ every size from ``-b`` to ``-e`` and every world size, it times every
 algorithm and the automatic choice side by side
 (``benchmarks.sweep.measure_point``: interleaved, so they see the same noise)
 and prints, per collective and world size, auto/best at each size: the
-automatic choice's time over the fastest algorithm's among those it may pick
+automatic choice's time over the fastest algorithm's, round by round (the
+median of the per-round ratios), among those it may pick
 (within its memory bound of S/N + 4 MiB, ``collectives.tuning.allowed``;
 every algorithm's time is in the rows) (1.00 when it picked the
 fastest; the goal of issue 18 is at most 1.10 everywhere after
@@ -54,8 +55,17 @@ def candidates(row, rows):
 
 
 def auto_over_best(row, rows):
-    """The automatic choice's time (``row``) over the fastest candidate's at the same point."""
-    return row["time_us"] / min(x["time_us"] for x in candidates(row, rows))
+    """The automatic choice's time (``row``) over the fastest candidate's at the same point.
+
+    The fastest is the candidate with the lowest median; the ratio is the median over
+    rounds of the two times in a round (``benchmarks.common.paired_ratio``): a round
+    runs every candidate back to back, so load from elsewhere on the machine slows
+    both sides of a round alike. Rows without samples (older runs): the medians' ratio.
+    """
+    best = min(candidates(row, rows), key=lambda x: x["time_us"])
+    if row.get("samples_us") and best.get("samples_us"):
+        return common.paired_ratio(row["samples_us"], best["samples_us"])
+    return row["time_us"] / best["time_us"]
 
 
 def table(rows, sources):

@@ -231,7 +231,8 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
     Returns:
         list[dict]: one row per candidate: collective, world_size, algorithm, size,
         count, type, redop, root, time_us, algbw_GBps, busbw_GBps, wrong, builtin_us,
-        vs_builtin, chosen and default_over_best (``default`` row only).
+        vs_builtin, chosen and default_over_best (``default`` row only), samples_us
+        (the time of each round, in round order: rounds ran the candidates side by side).
 
     Example::
 
@@ -261,7 +262,8 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
         b = case.buffers(encoded=False)
         kw = {} if lib is dist else {"algorithm": algo}
         fns[label] = functools.partial(case.call, lib, b, **kw)
-    times = common.time_candidates(fns, iters, warmup, common.batch_for(case.size, batch), device)
+    samples, _ = common.time_samples(fns, iters, warmup, common.batch_for(case.size, batch), device)
+    times = common.medians(samples)
     chosen = tuning.choose(collective, case.size, n) if "default" in times else None
     ours = [t for label, t in times.items() if label != "builtin"]
     best = min(ours) if ours else None
@@ -279,6 +281,7 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
             "chosen": chosen if label == "default" else None,
             "default_over_best": t / best if label == "default" and best else None,
             "algorithm_run": chosen if label == "default" else label,
+            "samples_us": [x * 1e6 for x in samples[label]],
         })
     return rows
 

@@ -19,8 +19,10 @@ In each world it
    (``benchmarks.sweep.measure_point``, interleaved, so they see the same
    noise): where the model is unsure, near its crossovers, the measurement
    decides;
-3. stops sweeping when its share of ``--budget`` seconds is spent (the sizes
-   left over are then chosen by the fitted model).
+3. measures the sizes coarse to fine (both ends first, then the middles,
+   :func:`coarse_to_fine`) and stops when its share of ``--budget`` seconds is
+   spent (shares grow with the world size, :func:`budget_share`); a size left
+   over takes the choice of the nearer measured size, on a log scale.
 
 The fastest algorithm at each point and the fitted parameters go into this
 machine's table in the per-user cache (``collectives.tuning.cache_path()``:
@@ -59,6 +61,32 @@ def timed(collective, n, size, params, top, all_below):
     return names if size <= all_below else names[:top]
 
 
+def coarse_to_fine(sizes):
+    """``sizes`` reordered: both ends, then the middle, then the middles of the halves, ...
+
+    Tuning stops when its budget is spent; measured in this order, the sizes left
+    over lie between measured ones and the table answers them from the nearer
+    (``collectives.tuning``), where in ascending order every large size was left
+    to the model.
+    """
+    sizes = list(sizes)
+    if len(sizes) <= 2:
+        return sizes
+    order, spans = [0, len(sizes) - 1], [(0, len(sizes) - 1)]
+    for lo, hi in spans:           # breadth first: spans appended while iterating
+        if hi - lo >= 2:
+            mid = (lo + hi) // 2
+            order.append(mid)
+            spans += [(lo, mid), (mid, hi)]
+    return [sizes[i] for i in order]
+
+
+def budget_share(budget, n, world_sizes):
+    """World size ``n``'s seconds of ``budget``, in proportion to ``n``: with more ranks than
+    cores a call takes about N times longer, and equal shares left N=8 mostly to the model."""
+    return budget * n / sum(world_sizes)
+
+
 def _over_budget(deadline):
     """True on every rank once any rank has passed ``deadline`` (they must skip together)."""
     late = torch.tensor([float(time.monotonic() > deadline)])
@@ -68,11 +96,11 @@ def _over_budget(deadline):
 
 def _worker(args, rank, n, device):
     start = time.monotonic()
-    deadline = start + args.budget / len(args.world_size)
+    deadline = start + budget_share(args.budget, n, args.world_size)
     p2p = pingpong.measure(rank, n, device, P2P_SIZES, iters=args.iters, warmup=args.warmup_iters)
     params = cost_model.fit(p2p)
     rows, skipped = [], []
-    points = [(size, c) for size in args.sizes for c in args.collective]
+    points = [(size, c) for size in coarse_to_fine(args.sizes) for c in args.collective]
     progress = common.Progress(len(points), f"tune N={n}")
     for size, collective in points:
         if skipped or _over_budget(deadline):
@@ -100,7 +128,8 @@ def build_parser():
     p.add_argument("--all-below", type=common.parse_size, default=common.parse_size("1M"),
                    help="up to this size, time every algorithm algorithm=None may pick")
     p.add_argument("--budget", type=float, default=120, help="seconds for the whole run (split between "
-                                                             "world sizes); left-over sizes go to the model")
+                                                             "world sizes in proportion to N); a size left over "
+                                                             "takes the nearer measured size's choice")
     common.add_world_flags(p, default="2")
     p.add_argument("--table", default=None,
                    help="write the table here instead of this machine's per-user cache")

@@ -185,3 +185,36 @@ def test_tune_times_every_candidate_where_it_is_cheap():
     assert sorted(small) == sorted(tuning.allowed("all_reduce", 4096, 4)) and "tree" in small
     large = tune.timed("all_reduce", 4, 64 << 20, params, top=3, all_below=1 << 20)
     assert large == tune.ranked("all_reduce", 4, 64 << 20, params)[:3]
+
+
+def test_auto_over_best_pairs_the_rounds():
+    """Each round times every candidate back to back: the ratio of a round is steadier than
+    the ratio of two medians (load that slows a round slows both)."""
+    from benchmarks import auto_choice
+    s = 4096
+    samples = {"tree": [10.0, 15.0, 20.0], "default": [10.0, 30.0, 12.0], "ring": [40.0, 40.0, 40.0]}
+    rows = [{"collective": "all_reduce", "world_size": 2, "size": s, "algorithm": a,
+             "time_us": sorted(x)[1], "samples_us": x, "chosen": "tree" if a == "default" else None}
+            for a, x in samples.items()]
+    default = rows[1]
+    assert auto_choice.auto_over_best(default, rows) == 1.0      # rounds: 1.0, 2.0, 0.6
+    del default["samples_us"]                                    # rows of an older run: medians
+    assert auto_choice.auto_over_best(default, rows) == 12.0 / 15.0
+
+
+def test_tune_measures_the_ends_first_then_the_middles():
+    """An exhausted budget leaves sizes *between* measured ones, which the table fills from
+    the nearer neighbour, instead of leaving every large size to the model."""
+    from benchmarks import tune
+    sizes = [4096 << (2 * i) for i in range(8)]                  # 4K .. 64M
+    order = tune.coarse_to_fine(sizes)
+    assert sorted(order) == sizes
+    assert order[:3] == [4096, 64 << 20, 256 << 10]
+    assert tune.coarse_to_fine([4096]) == [4096] and tune.coarse_to_fine([]) == []
+
+
+def test_tune_gives_larger_worlds_a_larger_share_of_the_budget():
+    """With more ranks than cores a call's time grows with N: equal shares left N=8 to the model."""
+    from benchmarks import tune
+    shares = [tune.budget_share(140, n, (2, 4, 8)) for n in (2, 4, 8)]
+    assert shares == [20, 40, 80]
