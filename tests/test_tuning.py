@@ -218,3 +218,17 @@ def test_tune_gives_larger_worlds_a_larger_share_of_the_budget():
     from benchmarks import tune
     shares = [tune.budget_share(140, n, (2, 4, 8)) for n in (2, 4, 8)]
     assert shares == [20, 40, 80]
+
+
+def test_best_from_rows_weighs_each_size_with_its_neighbours():
+    """all_gather at N=4 as `benchmarks.tune` measured it on 2026-11-24 (time over the best
+    at each size): one noisy point made ring look 14% faster at 16K, between two sizes
+    where it was 1.3x and 1.9x slower; the auto-choice run then timed ring at 16K 1.65x
+    slower than recursive doubling. Weighed with its neighbours, 16K keeps recursive doubling."""
+    measured = {4096: (1.0, 1.3), 16384: (1.14, 1.0), 65536: (1.0, 1.93), 262144: (2.02, 1.0),
+                1 << 20: (1.42, 1.0), 4 << 20: (1.0, 1.27), 16 << 20: (None, 1.0)}
+    rows = [{"collective": "all_gather", "world_size": 4, "size": s, "algorithm": a, "time_us": t}
+            for s, ts in measured.items() for a, t in zip(("recursive_doubling", "ring"), ts) if t]
+    picks = dict(tuning.best_from_rows(rows)["all_gather"]["4"])
+    assert picks[16384] == "recursive_doubling"
+    assert picks[262144] == picks[1 << 20] == picks[16 << 20] == "ring"
