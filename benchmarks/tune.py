@@ -155,7 +155,8 @@ def report(results, rows, path, seconds, file=None):
         m = res["model"]
         print(f"# N={n}: alpha {m['alpha'] * 1e6:.1f} us, beta {1e-9 / m['beta']:.3f} GB/s, "
               f"gamma {1e-9 / m['gamma']:.3f} GB/s; swept in {res['seconds']:.0f} s"
-              + (f"; {len(res['skipped'])} point(s) over budget, left to the model" if res["skipped"] else ""),
+              + (f"; {len(res['skipped'])} point(s) over budget: each takes the nearer measured size's choice"
+                 if res["skipped"] else ""),
               file=file)
     best = tuning.best_from_rows(rows)
     for collective, by_n in best.items():
