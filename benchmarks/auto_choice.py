@@ -54,6 +54,11 @@ def candidates(row, rows):
     return [x for x in rows if (x["collective"], x["world_size"], x["size"]) == point and x["algorithm"] in ok]
 
 
+def best(row, rows):
+    """The fastest candidate at ``row``'s point: the lowest median time."""
+    return min(candidates(row, rows), key=lambda x: x["time_us"])
+
+
 def auto_over_best(row, rows):
     """The automatic choice's time (``row``) over the fastest candidate's at the same point.
 
@@ -62,10 +67,10 @@ def auto_over_best(row, rows):
     runs every candidate back to back, so load from elsewhere on the machine slows
     both sides of a round alike. Rows without samples (older runs): the medians' ratio.
     """
-    best = min(candidates(row, rows), key=lambda x: x["time_us"])
-    if row.get("samples_us") and best.get("samples_us"):
-        return common.paired_ratio(row["samples_us"], best["samples_us"])
-    return row["time_us"] / best["time_us"]
+    fastest = best(row, rows)
+    if row.get("samples_us") and fastest.get("samples_us"):
+        return common.paired_ratio(row["samples_us"], fastest["samples_us"])
+    return row["time_us"] / fastest["time_us"]
 
 
 def table(rows, sources):
@@ -82,12 +87,12 @@ def table(rows, sources):
             if r is None:
                 cells.append("-")
                 continue
-            best = min(candidates(r, rows), key=lambda x: x["time_us"])
+            fastest = best(r, rows)
             ratio = auto_over_best(r, rows)
             worst = max(worst, ratio)
             mark = "" if ratio <= GOAL else " **"
-            cells.append(f"{ratio:.2f}{mark} ({r['chosen']}" + ("" if best["algorithm"] == r["chosen"]
-                                                              else f"; best {best['algorithm']}") + ")")
+            cells.append(f"{ratio:.2f}{mark} ({r['chosen']}" + ("" if fastest["algorithm"] == r["chosen"]
+                                                              else f"; best {fastest['algorithm']}") + ")")
         lines.append(f"| {collective} | {n} | " + " | ".join(cells) + f" | {worst:.2f} |")
     used = sorted(set(sources.values()))
     ratios = [auto_over_best(r, rows) for r in rows if r["algorithm"] == "default"]
