@@ -5,7 +5,7 @@ One module per job, each runnable as ``python -m benchmarks.NAME``:
 * :mod:`benchmarks.sweep`: every algorithm of every collective against the
   built-in over a range of sizes, nccl-tests style (``-b -e -f -i -n -w -c -o -d``).
 * :mod:`benchmarks.pingpong`: point-to-point latency and bandwidth, and the
-  alpha-beta-gamma fit of :mod:`collectives.cost_model`.
+  alpha-beta-gamma fit of :mod:`collectives.tuning.cost_model`.
 * :mod:`benchmarks.call_overhead`: where a small call's time goes, layer by layer.
 * :mod:`benchmarks.cpu`: a large call's CPU, thread by thread.
 * :mod:`benchmarks.data_parallel`: a training step of our data parallelism
@@ -14,7 +14,7 @@ One module per job, each runnable as ``python -m benchmarks.NAME``:
 * :mod:`benchmarks.desync_cost`: what the always-on mismatch detection costs.
 
 :mod:`benchmarks.common` holds what they share: sizes, flags, starting worlds
-of processes (through :mod:`collectives.launch`, so ``torchrun`` works too),
+of processes (through :mod:`collectives.tools.launch`, so ``torchrun`` works too),
 the timing loop, progress and the CSV/JSON reports. Results go to ``bench_out/``
 (ignored by git) unless ``--out`` says otherwise.
 """

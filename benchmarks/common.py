@@ -12,7 +12,7 @@ and rank 0 prints and writes.
 A benchmark is a *worker*: a module-level function ``worker(args, rank, n,
 device)`` that runs on every rank of an initialised process group and returns
 rank 0's results. :func:`run_worlds` starts it (through
-:func:`collectives.launch.launch`) at every world size and hands the results
+:func:`collectives.tools.launch.launch`) at every world size and hands the results
 back to the launching process.
 
 Example::
@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from collectives import launch
+from collectives.tools import launch
 
 # nccl-tests' names first, torch's as aliases.
 DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
@@ -245,7 +245,7 @@ def run_worlds(worker, args):
     """Run ``worker`` at every world size of ``args``; return [(n, rank 0's result)].
 
     Outside torchrun each world is a fresh set of processes started by
-    :func:`collectives.launch.launch`; a failing rank's traceback is printed and
+    :func:`collectives.tools.launch.launch`; a failing rank's traceback is printed and
     this raises SystemExit(1). Under torchrun the worker runs in this process,
     in torchrun's world, and only rank 0 gets the list (the others get None).
     """

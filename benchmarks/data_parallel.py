@@ -30,10 +30,10 @@ import torch.nn.functional as F
 
 from benchmarks import common
 from collectives import api
-from collectives.data_parallel import DataParallel
-from collectives.data_parallel_naive import NaiveDataParallel
-from collectives.ddp_hook import ddp_comm_hook
-from collectives.models import Net
+from collectives.parallel.data_parallel import DataParallel
+from collectives.parallel.data_parallel_naive import NaiveDataParallel
+from collectives.parallel.ddp_hook import ddp_comm_hook
+from collectives.train.models import Net
 
 
 def _variants(args):
@@ -96,7 +96,8 @@ def _worker(args, rank, world, device):
 
 def _trace_worker(args, rank, world, device):
     """One traced DataParallel step; rank 0 writes the trace and its picture."""
-    from collectives import perfetto, trace
+    from collectives import trace
+    from collectives.tools import perfetto
     torch.manual_seed(0)
     model = DataParallel(Net(), bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -129,7 +130,7 @@ def _trace_worker(args, rank, world, device):
     summary = perfetto.check_trace(args.trace)
     import matplotlib
     matplotlib.use("Agg")
-    from collectives import plot
+    from collectives.tools import plot
     ax = plot.timeline(args.trace, color_by="collective",
                        title=f"one DataParallel step of the MNIST net, {world} ranks, "
                              f"{args.batch_size} examples per rank, bucket_cap_mb={args.bucket_cap_mb}")
@@ -146,7 +147,7 @@ def _batch(args, rank, world):
         g = torch.Generator().manual_seed(rank)
         return (torch.randn(args.batch_size, 1, 28, 28, generator=g),
                 torch.randint(0, 10, (args.batch_size,), generator=g))
-    from collectives.data import load_mnist, prepare_mnist
+    from collectives.train.data import load_mnist, prepare_mnist
     if rank == 0:
         prepare_mnist(args.data_dir)                      # unpack once ...
     api.barrier()                                          # ... while the others wait

@@ -29,8 +29,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import collectives  # noqa: F401  (registers the "collectives" backend)
 from benchmarks import common
-from collectives import launch
-from collectives.models import Net
+from collectives.tools import launch
+from collectives.train.models import Net
 
 
 def _round(model, opt, x, y, steps, group):

@@ -9,15 +9,15 @@ Usage::
 Every message of a collective carries a tag made of the call's number on its
 group, a hash of the call (collective, algorithm, op, shape, dtype) and the
 step, so two ranks in different calls never pair silently: that is what
-raises ``DesyncError`` instead of returning garbage. ``COLLECTIVES_CALL_TAGS=0``
-tags by step only, as before; it exists for this benchmark and nothing else.
+raises ``DesyncError`` instead of returning garbage. ``tags off`` patches the door
+in this benchmark's own processes to tag by step only, as before the call hash
+existed; the library has no switch for it.
 The goal (issue 14): at 4 KiB, N = 2 and 4, the time with detection stays
 within 5% of the time without it.
 
 For each (size, algorithm) three candidates run interleaved in the same
 processes (see :func:`benchmarks.common.time_candidates`): ``tags on``,
-``tags off`` (the variable set to 0 around each call; the door reads it when a
-call starts) and the built-in for scale. The row shows the median of the
+``tags off`` (the door's ``Comm.tag`` patched around each call) and the built-in for scale. The row shows the median of the
 slowest rank's time per call and the ratio on/off: the median over rounds of
 each round's on/off (the two ran side by side; see :func:`benchmarks.common.paired_ratio`).
 On a shared machine the ratio needs many iterations (``-n``) to settle; report figures
@@ -38,9 +38,6 @@ import collectives
 from benchmarks import common
 from collectives import p2p_communications
 
-VARIABLE = "COLLECTIVES_CALL_TAGS"
-
-
 @contextlib.contextmanager
 def env(variable, enabled):
     """Set ``variable`` to 1 or 0 for the calls inside; restore it after."""
@@ -55,21 +52,20 @@ def env(variable, enabled):
             os.environ[variable] = old
 
 
+def _step_only(self, step, nbytes):
+    return step
+
+
+@contextlib.contextmanager
 def call_tags(enabled):
-    """Set ``COLLECTIVES_CALL_TAGS`` for the calls inside; restore it after."""
-    return env(VARIABLE, enabled)
-
-
-def switch_works():
-    """True if the library reads ``COLLECTIVES_CALL_TAGS`` (else both columns time the same code)."""
-    probe = getattr(p2p_communications, "call_tags_enabled", None)
-    if probe is None:
-        return False
-    with call_tags(False):
-        off = probe()
-    with call_tags(True):
-        on = probe()
-    return on and not off
+    """Tag by the call's hash (the library's behaviour) or, off, by step only, for the calls inside."""
+    original = p2p_communications.Comm.tag
+    if not enabled:
+        p2p_communications.Comm.tag = _step_only
+    try:
+        yield
+    finally:
+        p2p_communications.Comm.tag = original
 
 
 def _worker(args, rank, n, device):
@@ -123,9 +119,6 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown all_reduce algorithm(s) {', '.join(unknown)}; choose from {', '.join(sorted(valid))}")
     common.finish_parsing(p, args)
-    if not switch_works():
-        print(f"# warning: this version of collectives does not read {VARIABLE}: "
-              f"'tags on' and 'tags off' time the same code", flush=True)
     if common.is_rank0():
         print(f"# all_reduce float32, -n {args.iters} -w {args.warmup_iters}; time per call (us), median of the "
               f"slowest rank; on/off = time with the call tags over time without, median of per-round ratios", flush=True)

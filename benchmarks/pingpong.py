@@ -15,7 +15,7 @@ For each size, three candidates are timed interleaved (see
   once: the bandwidth a ring can use when every link is busy both ways.
 * ``reduce``: one local ``add_`` of S bytes (gamma S).
 
-:func:`collectives.cost_model.fit` then gives alpha and beta (ping-pong),
+:func:`collectives.tuning.cost_model.fit` then gives alpha and beta (ping-pong),
 alpha_ring and beta_ring (ring exchange) and gamma, per world size, printed
 and written to ``--out`` (default ``bench_out/pingpong``) as p2p.csv,
 p2p.json and model.json. ``benchmarks.sweep --model`` runs the same
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks import common
-from collectives import cost_model
+from collectives.tuning import cost_model
 
 
 def measure(rank, n, device, sizes, iters=20, warmup=2, batch=0):

@@ -46,7 +46,8 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from benchmarks import common
-from collectives import cost_model, tuning
+from collectives import tuning
+from collectives.tuning import cost_model
 from collectives.algorithms import ALGORITHMS
 
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",

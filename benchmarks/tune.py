@@ -11,7 +11,7 @@ In each world it
 
 1. times point to point through the door (``benchmarks.pingpong``: ping-pong,
    ring exchange, a local reduction) at a few sizes and fits alpha, beta and
-   gamma (``collectives.cost_model.fit``);
+   gamma (``collectives.tuning.cost_model.fit``);
 2. at every size from ``-b`` to ``-e`` and for every collective, ranks the
    algorithms ``algorithm=None`` may pick there (within its memory bound,
    ``collectives.tuning.allowed``) by the fitted model and times them all up to
@@ -39,7 +39,8 @@ import torch
 import torch.distributed as dist
 
 from benchmarks import common, pingpong, sweep
-from collectives import cost_model, tuning
+from collectives import tuning
+from collectives.tuning import cost_model
 
 P2P_SIZES = (4, 4096, 65536, 1 << 20, 4 << 20)
 

@@ -5,10 +5,14 @@ a group from ``new_group``). The torch backend in :mod:`collectives.backend` run
 the same functions over its own inner transport, which torch.distributed does not
 know about. Both become a :class:`GroupInfo`, so validation, the door and the
 engine read one shape whoever called them.
+
+This module sits below the backend and never imports it: a group on our backend
+is recognised by what it offers (a ``group_info`` attribute), not by its class.
 """
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 import torch.distributed as dist
 
 
@@ -71,11 +75,26 @@ def resolve(group, where):
     if "collectives" in backend:
         # a group on our torch backend (collectives.backend): run on its inner transport
         # and in its engine lane, so our calls and torch's keep their issue order
-        from .backend import backend_of
-        ours = backend_of(group)
-        if ours is not None:
-            return ours.group_info
+        info = group_info_of(group)
+        if info is not None:
+            return info
     return GroupInfo(group, ranks, ranks.index(me), backend, "pg:" + group.group_name, _default_store())
+
+
+def group_info_of(group):
+    """The :class:`GroupInfo` a ``collectives``-backend group carries, or None.
+
+    On torch 2.11 the group *is* our backend; from 2.15 on it wraps one per device.
+    """
+    info = getattr(group, "group_info", None)
+    if isinstance(info, GroupInfo):
+        return info
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except Exception:
+        return None
+    info = getattr(backend, "group_info", None)
+    return info if isinstance(info, GroupInfo) else None
 
 
 def _default_store():

@@ -12,7 +12,7 @@ buys five things, each of which lives here and nowhere else:
   of the message's size, next to the algorithm's step. A receive only matches a
   send with the same tag, so ranks that called different collectives, or the same
   one with another size or algorithm, or that skipped a call, never pair: they
-  wait, and the timeout explains what each rank called (``debug``).
+  wait, and the timeout explains what each rank called (``desync``).
 * **timeouts**: every wait is bounded by ``COLLECTIVES_TIMEOUT`` seconds
   (default 300). On expiry the error names the collective, the algorithm, the
   step and the peer, instead of leaving the program hanging.
@@ -27,190 +27,26 @@ A send and its matching receive are always *posted together* and then waited
 on together (``Comm.exchange``). Issued one after the other, a blocking send on
 both sides of a pair deadlocks on NCCL and on any transport without buffering.
 """
-import contextlib
 import datetime
-import math
-import os
 import re
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
 
+from . import observers, settings
+from .errors import CollectiveError, CollectiveTimeout
 from .group import resolve
-
-DEFAULT_TIMEOUT = 300.0
-MAX_TIMEOUT = 7 * 24 * 3600.0   # a week: beyond it a timedelta wait is no longer a bound anyone means
+from .observers import Message
 
 # A tag is a 31-bit int: the call's hash above STEP_BITS, the algorithm's step below.
 STEP_BITS = 14
 MAX_STEP = (1 << STEP_BITS) - 1
 _CALL_MASK = (1 << (31 - STEP_BITS)) - 1
 
-# Observers (traffic counters and tracers) active in this process. The door is
-# the only place that sees every message, so this is where they are fed.
-_observers = []
-
-
-def timeout_seconds():
-    """The per-wait limit in seconds, read from ``COLLECTIVES_TIMEOUT``.
-
-    Raises ValueError naming the variable and the accepted range for anything
-    that is not a finite number of seconds in (0, one week].
-    """
-    value = os.environ.get("COLLECTIVES_TIMEOUT")
-    if value is None or not value.strip():
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
-        raise ValueError(f"COLLECTIVES_TIMEOUT={value!r} is not valid: it must be a finite number "
-                         f"of seconds with 0 < seconds <= {MAX_TIMEOUT:g} (one week); "
-                         f"unset, it is {DEFAULT_TIMEOUT:g}")
-    return seconds
-
-
-def call_tags_enabled():
-    """``COLLECTIVES_CALL_TAGS=0`` tags messages by step only, as before the call hash
-    existed: for ``benchmarks/desync_cost.py`` to measure what the hash costs."""
-    return os.environ.get("COLLECTIVES_CALL_TAGS", "1") != "0"
-
 
 def call_hash(text):
     """The part of every tag that identifies a call: a hash of its description."""
     return zlib.crc32(text.encode()) & _CALL_MASK
-
-
-def _verbose():
-    return os.environ.get("COLLECTIVES_VERBOSE", os.environ.get("VERBOSE", "0")) not in ("", "0")
-
-
-class CollectiveError(RuntimeError):
-    """A point-to-point message inside a collective failed (peer gone, transport error).
-
-    ``peer`` is the global rank of the other side, ``comm`` the call it was in
-    (None where no message was involved).
-    """
-
-    def __init__(self, text, peer=None, comm=None):
-        super().__init__(text)
-        self.peer, self.comm = peer, comm
-
-
-class CollectiveTimeout(CollectiveError):
-    """A rank waited longer than ``COLLECTIVES_TIMEOUT`` for a peer."""
-
-
-@dataclass
-class Message:
-    """One point-to-point transfer as seen by one rank (``kind`` is 'send' or 'recv')."""
-    collective: str
-    algorithm: str
-    step: int
-    kind: str
-    src: int
-    dst: int
-    nbytes: int
-    start: float
-    end: float = float("nan")
-
-
-@dataclass
-class Call:
-    """One collective call as seen by one rank, for traces (a slice around its messages)."""
-    collective: str
-    algorithm: str
-    seq: int
-    ranks: tuple
-    rank: int
-    nbytes: int
-    start: float
-    end: float = float("nan")
-    kind: str = "call"   # beside Message's "send"/"recv", so a filter on kind skips calls
-
-
-@dataclass
-class Traffic:
-    """Counts what this rank sent and received while the counter was active."""
-    sent_bytes: int = 0
-    sent_messages: int = 0
-    recv_bytes: int = 0
-    recv_messages: int = 0
-    steps: set = field(default_factory=set)
-
-    @property
-    def rounds(self):
-        """Number of distinct steps in which this rank sent or received anything."""
-        return len(self.steps)
-
-    def _observe(self, msg):
-        if msg.kind == "send":
-            self.sent_bytes += msg.nbytes
-            self.sent_messages += 1
-        else:
-            self.recv_bytes += msg.nbytes
-            self.recv_messages += 1
-        self.steps.add((msg.collective, msg.step))
-
-    def _observe_call(self, call):
-        pass
-
-
-class Trace(list):
-    """:class:`Message` and :class:`Call` records, in order, filled while the tracer is active."""
-
-    def _observe(self, msg):
-        self.append(msg)
-
-    def _observe_call(self, call):
-        self.append(call)
-
-    @property
-    def messages(self):
-        return [r for r in self if isinstance(r, Message)]
-
-    @property
-    def calls(self):
-        return [r for r in self if isinstance(r, Call)]
-
-
-def report_call(call):
-    """Hand a finished :class:`Call` to the active tracers (the API calls this)."""
-    for obs in _observers:
-        obs._observe_call(call)
-
-
-def watched():
-    return bool(_observers)
-
-
-@contextlib.contextmanager
-def _observing(observer):
-    _observers.append(observer)
-    try:
-        yield observer
-    finally:
-        _observers.remove(observer)
-
-
-def count_traffic():
-    """Context manager counting this rank's messages and bytes.
-
-    Example::
-
-        >>> with collectives.count_traffic() as t:
-        ...     collectives.all_reduce(x, algorithm="ring")
-        >>> t.sent_messages, t.sent_bytes
-        (6, 3072)   # Rank 0 of 4, x of 1024 float32: 2(N-1) messages, 2(N-1)/N*S bytes
-    """
-    return _observing(Traffic())
-
-
-def trace():
-    """Context manager recording every message this rank sends or receives."""
-    return _observing(Trace())
 
 
 class Pending:
@@ -237,13 +73,14 @@ class Pending:
                     work.wait(timeout=datetime.timedelta(seconds=left))
             except Exception as exc:
                 raise comm._failure(comm._message(self.step, kind, peer, nbytes, self.start), peer, exc) from exc
-            if _observers or comm.verbose:
+            if observers.watched() or comm.verbose:
                 comm._report(comm._message(self.step, kind, peer, nbytes, self.start, time.time()))
         self.entries = []
 
 
 class Comm:
-    """Point-to-point messaging for one collective call on one group.
+    """The real door (:class:`collectives.door.Door`): messages between processes for one
+    collective call on one group.
 
     Algorithms get a ``Comm`` and use ``comm.rank`` and ``comm.size`` (ranks of
     the group, 0..N-1) and the messaging methods below, whose ``peer``
@@ -256,11 +93,12 @@ class Comm:
             :class:`~collectives.group.GroupInfo`.
         collective, algorithm: names, for tags, traces and errors.
         seq: the call's number on this group (the engine counts); None outside a call.
-        call: the call's description, which every rank of a correct program agrees
-            on (``all_reduce(op=SUM, shape=[4], dtype=float32, algorithm=ring)``).
+        description: what every rank of a correct program agrees the call is
+            (``all_reduce(op=SUM, shape=[4], dtype=float32, algorithm=ring)``).
+        timeout: seconds each wait may take (default: ``COLLECTIVES_TIMEOUT``).
     """
 
-    def __init__(self, group, collective, algorithm, seq=None, call=None, timeout=None):
+    def __init__(self, group, collective, algorithm, seq=None, description=None, timeout=None):
         info = resolve(group, f"collectives.{collective}")
         self.info = info
         self.group = info.transport
@@ -270,13 +108,13 @@ class Comm:
         self.collective = collective
         self.algorithm = algorithm
         self.seq = seq
-        self.call = call or f"{collective}(algorithm={algorithm})"
+        self.description = description or f"{collective}(algorithm={algorithm})"
         # read once per call, not per message (an environment lookup costs ~2 us)
-        self.timeout = timeout_seconds() if timeout is None else timeout
-        self.verbose = _verbose()
+        self.timeout = settings.timeout_seconds() if timeout is None else timeout
+        self.verbose = settings.verbose()
         self.backend = info.backend
         self.nccl = "nccl" in info.backend
-        self.call_tag = call_hash(f"{seq}|{self.call}") if call_tags_enabled() else None
+        self.call_tag = call_hash(f"{seq}|{self.description}")
 
     def tag(self, step, nbytes):
         """The message's tag: which call, how many bytes, which step.
@@ -288,8 +126,6 @@ class Comm:
         if not 0 <= step <= MAX_STEP:
             raise ValueError(f"{self.collective}/{self.algorithm}: step {step} does not fit in a tag "
                              f"(0..{MAX_STEP})")
-        if self.call_tag is None:
-            return step
         return (((self.call_tag ^ (nbytes * 0x9E3779B1 >> 7)) & _CALL_MASK) << STEP_BITS) | step
 
     def post(self, step, sends=(), recvs=(), tagged=True):
@@ -307,11 +143,12 @@ class Comm:
                 if nbytes == 0:
                     continue
                 if not tensor.is_contiguous():
-                    raise ValueError("the point-to-point door only moves contiguous tensors")
+                    raise ValueError(f"collectives.{self.collective}: a message must be a contiguous tensor "
+                                     f"(algorithm {self.algorithm!r}, step {step})")
                 if tensor.is_cuda and not self.nccl:
                     # gloo would write() from a device pointer and abort the whole process
-                    raise ValueError(f"the point-to-point door got a CUDA tensor on a {self.backend} "
-                                     f"group, which sends host memory only: stage it to the CPU first")
+                    raise ValueError(f"collectives.{self.collective}: a message holds a CUDA tensor but the "
+                                     f"{self.backend} group sends host memory only: stage it to the CPU first")
                 todo.append((kind, tensor, peer, nbytes, self.tag(step, nbytes) if tagged else step))
         start = time.time()
         if self.nccl:
@@ -342,8 +179,7 @@ class Comm:
         return Message(self.collective, self.algorithm, step, kind, src, dst, nbytes, start, end)
 
     def _report(self, msg):
-        for obs in _observers:
-            obs._observe(msg)
+        observers.report_message(msg)
         if self.verbose:
             peer = msg.dst if msg.kind == "send" else msg.src
             arrow = f"-> {peer}" if msg.kind == "send" else f"<- {peer}"

@@ -6,7 +6,7 @@
 HOW is ``kill`` (SIGKILL just before global step STEP), ``raise`` (a
 RuntimeError there) or ``torn`` (the next checkpoint write stops half way and
 the process is SIGKILLed). The training loop knows nothing of this: the hook
-wraps ``collectives.train.learning_rate``, which the loop calls once per step
+wraps ``collectives.train.loop.learning_rate``, which the loop calls once per step
 with the global step. Spawned ranks are fresh interpreters, so the launcher is
 given :func:`faulty_worker`, which installs the hook in each rank first.
 """
@@ -16,10 +16,11 @@ import sys
 
 import torch
 
-from collectives import launch, train
+from collectives.tools import launch
+from collectives.train import cli, loop
 
 SPEC = "COLLECTIVES_TEST_FAULT"
-_original_worker = train.worker
+_original_worker = loop.worker
 
 
 def _kill_self():
@@ -38,7 +39,7 @@ def install():
     rank, at = int(rank_s), int(step_s)
     if launch.place()[0] != rank:
         return
-    plain = train.learning_rate
+    plain = loop.learning_rate
 
     def faulty_learning_rate(args, step, total_steps):
         if step == at:
@@ -50,7 +51,7 @@ def install():
                 torch.save = _torn_save
         return plain(args, step, total_steps)
 
-    train.learning_rate = faulty_learning_rate
+    loop.learning_rate = faulty_learning_rate
 
 
 def faulty_worker(*args):
@@ -60,5 +61,5 @@ def faulty_worker(*args):
 
 if __name__ == "__main__":
     os.environ[SPEC] = sys.argv[1]
-    train.worker = faulty_worker
-    train.main(sys.argv[2:])
+    cli.worker = faulty_worker
+    cli.main(sys.argv[2:])

@@ -19,7 +19,9 @@ from torch.distributed import ReduceOp
 
 import collectives
 from collectives import ALGORITHMS
-from collectives.backend import UnsupportedOperation, backend_of, parse_algorithms
+from collectives.backend import backend_of
+from collectives.errors import UnsupportedOperation
+from collectives.settings import parse_algorithms
 
 from .expected import OP_NAMES, assert_same, op_dtype_pairs, payload, reduce_expected, reduce_input
 from .test_collectives import assert_matrix_passed

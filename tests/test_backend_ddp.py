@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import collectives
 from collectives.algorithms._util import split_bounds
-from collectives.models import Net
+from collectives.train.models import Net
 
 from .worlds import run_world
 

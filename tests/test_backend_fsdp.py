@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import collectives
-from collectives.models import Net
+from collectives.train.models import Net
 
 from .worlds import run_world
 

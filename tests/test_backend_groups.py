@@ -9,7 +9,9 @@ import torch
 import torch.distributed as dist
 
 import collectives
-from collectives.backend import UnsupportedOperation, backend_of, parse_algorithms
+from collectives.backend import backend_of
+from collectives.errors import UnsupportedOperation
+from collectives.settings import parse_algorithms
 
 from .worlds import run_world
 
@@ -150,7 +152,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_torchrun_env_init(tmp_path):
-    from collectives.launch import free_port
+    from collectives.tools.launch import free_port
     script = tmp_path / "prog.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""),

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from benchmarks import common, sweep
-from collectives import cost_model, tuning
+from collectives import tuning
+from collectives.tuning import cost_model
 from collectives.algorithms import ALGORITHMS
 
 PARAMS = {"alpha": 50e-6, "beta": 1 / 1.5e9, "gamma": 1 / 5e9}
@@ -326,7 +327,6 @@ def test_memory_table_has_every_candidate(tmp_path, capfd):
 
 def test_desync_cost_times_both_sides(tmp_path, capfd):
     from benchmarks import desync_cost
-    assert desync_cost.switch_works()
     desync_cost.main(["-b", "4K", "--world-size", "2", "-n", "2", "-w", "1", "--batch", "1",
                       "--algorithm", "ring,default", "--debug", "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
@@ -343,12 +343,13 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     assert math.isclose(common.paired_ratio(a, b), 1.1)
 
 
-def test_call_tags_switch_restores_the_environment(monkeypatch):
+def test_call_tags_switch_patches_the_door_and_restores_it():
     from benchmarks import desync_cost
-    monkeypatch.delenv("COLLECTIVES_CALL_TAGS", raising=False)
+    from collectives.p2p_communications import Comm
+    original = Comm.tag
     with desync_cost.call_tags(False):
-        assert os.environ["COLLECTIVES_CALL_TAGS"] == "0"
-    assert "COLLECTIVES_CALL_TAGS" not in os.environ
+        assert Comm.tag(None, 5, 1024) == 5          # by step only
+    assert Comm.tag is original
 
 
 def test_ddp_backend_prints_a_ratio_per_world_size(capfd, monkeypatch):

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from collectives import cost_model
+from collectives.tuning import cost_model
 from collectives.algorithms import ALGORITHMS, MODULES, Cost, cost
 
 PARAMS = {"alpha": 2e-5, "beta": 1e-9, "gamma": 3e-10}
@@ -69,7 +69,7 @@ def test_model_crossovers():
 
 
 CHAPTER = pathlib.Path(__file__).resolve().parents[1] / "tutorials" / "05_algorithms.md"
-MARKER = '<!-- cost table: collectives.cost_model.table("all_reduce", 4, 1 << 20, notes); ' \
+MARKER = '<!-- cost table: collectives.tuning.cost_model.table("all_reduce", 4, 1 << 20, notes); ' \
          'tests/test_cost.py checks it -->\n'
 
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collectives import launch, train
+from collectives.tools import launch
+from collectives.train import checkpoint, cli
 
 
 def fake_gpus(monkeypatch, n):
@@ -152,17 +153,17 @@ def test_cpu_when_asked_or_when_no_gpu(monkeypatch):
 def test_resume_on_a_gpu_rank_restores_the_cpu_rng(tmp_path):
     # "meta" stands in for CUDA: any device other than the CPU gave
     # "RNG state must be a torch.ByteTensor" when the checkpoint was mapped onto it.
-    args = train.parse_args(["--out", str(tmp_path), "--resume"])
+    args = cli.parse_args(["--out", str(tmp_path), "--resume"])
     torch.manual_seed(1)
     states = [torch.get_rng_state(), torch.manual_seed(2).get_state()]
     random.seed(3)
     python_state = random.getstate()
-    train.save_checkpoint({"model": {}, "optimizer": {}, "epoch": 1, "step": 0, "history": [],
+    checkpoint.save_checkpoint({"model": {}, "optimizer": {}, "epoch": 1, "step": 0, "history": [],
                            "world_size": 2, "rng": states, "python_rng": python_state,
                            "args": vars(args)}, str(tmp_path / "checkpoint.pt"))
     torch.manual_seed(99)
     random.seed(99)
-    ckpt = train.resume(args, rank=1, world=2, device=torch.device("meta"))
+    ckpt = checkpoint.resume(args, rank=1, world=2, device=torch.device("meta"))
     assert ckpt["epoch"] == 1
     assert torch.equal(torch.get_rng_state(), states[1])
     assert random.getstate() == python_state

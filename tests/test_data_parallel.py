@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import collectives
-from collectives.models import Net
+from collectives.train.models import Net
 from tests.worlds import run_world
 
 STEPS, PER_RANK = 3, 4

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from collectives import launch
+from collectives.tools import launch
 from tests.test_train import REPO, SMALL, check_ok, mnist_env, needs_mnist, run_train
 from tests.worlds import free_port
 
@@ -165,7 +165,7 @@ def test_start_hard_timeout_kills_the_world():
 
 _LEAK_PROGRAM = """
 import multiprocessing as mp, os
-from collectives import launch
+from collectives.tools import launch
 
 def world():
     return os.environ["MASTER_PORT"]

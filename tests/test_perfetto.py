@@ -1,4 +1,4 @@
-"""collectives.perfetto writes traces that ui.perfetto.dev and chrome://tracing load.
+"""collectives.tools.perfetto writes traces that ui.perfetto.dev and chrome://tracing load.
 
 Neither viewer runs here, so the tests check the Trace Event Format they both
 read: a ``traceEvents`` list of complete events (``"ph": "X"``, ``ts`` and
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import collectives
-from collectives import perfetto
-from collectives.p2p_communications import Call, Message
+from collectives.tools import perfetto
+from collectives.observers import CallRecord, Message
 from tests.worlds import run_world
 
 
@@ -92,9 +92,9 @@ def test_back_to_back_single_step_calls_are_separate_slices():
 
 def test_call_records_are_used_when_present():
     # A group of global ranks (2, 5): group rank 0 is global rank 2.
-    records = [Call("all_reduce", "ring", 0, (2, 5), 0, 64, 1.0, 1.2),
+    records = [CallRecord("all_reduce", "ring", 0, (2, 5), 0, 64, 1.0, 1.2),
                Message("all_reduce", "ring", 0, "send", 2, 5, 32, 1.0, 1.1),
-               Call("all_reduce", "ring", 0, (2, 5), 1, 64, 1.0, 1.3),
+               CallRecord("all_reduce", "ring", 0, (2, 5), 1, 64, 1.0, 1.3),
                Message("all_reduce", "ring", 0, "recv", 2, 5, 32, 1.05, 1.1)]
     trace = perfetto.to_chrome_trace(records)
     perfetto.check_trace(trace)

@@ -1,4 +1,4 @@
-"""collectives.plot draws from trace records; checked on traces built from the ring's schedule.
+"""collectives.tools.plot draws from trace records; checked on traces built from the ring's schedule.
 
 No processes: the records are what ``collectives.trace()`` yields on each rank
 of a 4-rank ring all_reduce (each message once as a send, once as a recv).
@@ -14,8 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from collectives import plot  # noqa: E402
-from collectives.p2p_communications import Message  # noqa: E402
+from collectives.tools import plot  # noqa: E402
+from collectives.observers import Message  # noqa: E402
 
 
 def ring_messages(n, chunk_bytes=16, algorithm="ring"):
@@ -105,7 +105,7 @@ def test_cost_model_figure_draws_every_algorithm_at_two_sizes():
 
 def test_timeline_draws_a_perfetto_trace_file_the_same_way(tmp_path):
     """timeline reads the trace JSON perfetto writes: same arrows, lanes, and the program's spans."""
-    from collectives import perfetto
+    from collectives.tools import perfetto
     messages = ring_messages(4)
     spans = [(r, "backward", -1e-3, 5e-3) for r in range(4)]
     path = perfetto.export_chrome_trace(messages, str(tmp_path / "t.json"), spans=spans)
@@ -121,9 +121,9 @@ def test_timeline_draws_a_perfetto_trace_file_the_same_way(tmp_path):
 
 def test_call_records_in_a_trace_are_drawn_or_ignored():
     """trace() also yields Call records: every function takes the mixed list."""
-    from collectives.p2p_communications import Call
+    from collectives.observers import CallRecord
     messages = ring_messages(4)
-    mixed = messages + [Call("all_reduce", "ring", 0, (0, 1, 2, 3), r, 64, 0.0, 6e-3) for r in range(4)]
+    mixed = messages + [CallRecord("all_reduce", "ring", 0, (0, 1, 2, 3), r, 64, 0.0, 6e-3) for r in range(4)]
     _, states = plot.ring_ownership(mixed)
     assert states == plot.ring_ownership(messages)[1]
     assert len(plot.pair_messages(mixed)) == 24 and plot.ranks_of(mixed) == [0, 1, 2, 3]

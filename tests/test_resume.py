@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from collectives.train import load_checkpoint
+from collectives.train.checkpoint import load_checkpoint
 from tests.test_train import REPO, check_ok, mnist_env, needs_mnist, run_train
 
 ARGS = ["--world-size", "2", "--subset", "256", "--batch-size", "32", "--epochs", "2",
@@ -48,7 +48,7 @@ def test_killed_and_resumed_run_matches_uninterrupted_run(tmp_path, tmp_path_fac
 
 TORN_WRITE = """
 import os, signal, sys, torch
-from collectives.train import save_checkpoint
+from collectives.train.checkpoint import save_checkpoint
 save_checkpoint({"w": torch.ones(1000)}, sys.argv[1])
 def torn(obj, f):                      # half a file, then the process is killed
     with open(f, "wb") as fh:

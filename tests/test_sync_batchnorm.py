@@ -1,4 +1,4 @@
-"""SyncBatchNorm (collectives/sync_batchnorm.py) equals one BatchNorm over the concatenated batch.
+"""SyncBatchNorm (collectives/parallel/sync_batchnorm.py) equals one BatchNorm over the concatenated batch.
 
 One world of 3 ranks holding batches of 2, 3 and 4 samples (unequal on purpose).
 The reference is a single-process ``nn.BatchNorm`` on the 9 samples at once,
@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 import collectives
-from collectives.sync_batchnorm import SyncBatchNorm
+from collectives.parallel.sync_batchnorm import SyncBatchNorm
 from tests.worlds import run_world
 
 BATCH = [2, 3, 4]     # samples on rank 0, 1, 2

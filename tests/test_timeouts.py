@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import collectives
-from collectives import p2p_communications
+from collectives import p2p_communications, settings
 from tests.worlds import DEATH_EXIT_CODE, run_world
 
 TIMEOUT = 1.0     # COLLECTIVES_TIMEOUT in these worlds
@@ -182,12 +182,12 @@ def test_timeout_variable_is_validated(value):
     try:
         with pytest.raises(ValueError, match=r"COLLECTIVES_TIMEOUT=.* is not valid: it must be a finite "
                                              r"number of seconds with 0 < seconds <= 604800"):
-            p2p_communications.timeout_seconds()
+            settings.timeout_seconds()
         os.environ["COLLECTIVES_TIMEOUT"] = "2.5"
-        assert p2p_communications.timeout_seconds() == 2.5
+        assert settings.timeout_seconds() == 2.5
     finally:
         del os.environ["COLLECTIVES_TIMEOUT"]
-    assert p2p_communications.timeout_seconds() == p2p_communications.DEFAULT_TIMEOUT
+    assert settings.timeout_seconds() == settings.DEFAULT_TIMEOUT
 
 
 def _die_after_first_message():

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from collectives import data, train
-from collectives.launch import free_port
+from collectives.train import checkpoint, cli, data
+from collectives.tools.launch import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MNIST_SRC = os.environ.get("COLLECTIVES_TEST_DATA", os.path.join(REPO, "..", "shared", "data"))
@@ -160,8 +160,8 @@ def test_stale_lock_is_taken_over(tmp_path, tmp_path_factory):
 
 def fake_checkpoint(out, argv, epoch=1, steps=4):
     """A checkpoint as a run with ``argv`` would leave it after ``epoch`` epochs."""
-    args = train.parse_args(["--out", str(out), *argv])
-    train.save_checkpoint({"model": {}, "optimizer": {}, "epoch": epoch, "step": 0, "global_step": steps,
+    args = cli.parse_args(["--out", str(out), *argv])
+    checkpoint.save_checkpoint({"model": {}, "optimizer": {}, "epoch": epoch, "step": 0, "global_step": steps,
                            "rng": [], "python_rng": None, "world_size": 2, "args": vars(args),
                            "history": [{"epoch": epoch, "steps": steps, "test_accuracy": 0.5}]},
                           str(out / "checkpoint.pt"))
@@ -182,11 +182,11 @@ def test_resume_with_other_arguments_is_refused_naming_each(tmp_path, tmp_path_f
 def test_resume_may_raise_epochs_but_not_lower_them(tmp_path):
     fake_checkpoint(tmp_path, ["--epochs", "3"])
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["args"]
-    assert train.resume_differences(saved, train.parse_args(["--out", str(tmp_path), "--epochs", "5"])) == []
-    [line] = train.resume_differences(saved, train.parse_args(["--out", str(tmp_path), "--epochs", "2"]))
+    assert checkpoint.resume_differences(saved, cli.parse_args(["--out", str(tmp_path), "--epochs", "5"])) == []
+    [line] = checkpoint.resume_differences(saved, cli.parse_args(["--out", str(tmp_path), "--epochs", "2"]))
     assert line.startswith("--epochs: 3 in the checkpoint, 2 now")
     # a different world size, backend or algorithm of the same sum is a new way to run, not a new run
-    assert train.resume_differences(saved, train.parse_args(["--out", str(tmp_path), "--epochs", "3",
+    assert checkpoint.resume_differences(saved, cli.parse_args(["--out", str(tmp_path), "--epochs", "3",
                                                               "--world-size", "3", "--threads", "1"])) == []
 
 

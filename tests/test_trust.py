@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import collectives
-from collectives.launch import free_port
+from collectives.tools.launch import free_port
 from tests import worlds
 from tests.expected import builtin_refused
 from tests.worlds import run_world
@@ -137,7 +137,7 @@ def test_different_calls_raise_desync_error_on_every_rank(case):
 
 
 def test_desync_error_is_exported():
-    assert collectives.DesyncError is collectives.debug.DesyncError
+    assert collectives.DesyncError is collectives.desync.DesyncError
     assert issubclass(collectives.DesyncError, collectives.CollectiveError)
 
 

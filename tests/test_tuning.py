@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from collectives import cost_model, tuning
+from collectives import tuning
+from collectives.tuning import cost_model
 from collectives.algorithms import ALGORITHMS
 
 FAST = {"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-10}       # a machine where latency is cheap

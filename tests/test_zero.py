@@ -1,4 +1,4 @@
-"""ZeRO-1/2 (collectives/zero.py): the same parameters as data parallel, 1/N of the state, all_reduce's traffic.
+"""ZeRO-1/2 (collectives/parallel/zero.py): the same parameters as data parallel, 1/N of the state, all_reduce's traffic.
 
 Each test runs in one world of 4 ranks, on groups of 1, 2, 3 and 4 of them
 (3 does not divide the 227 parameters, so the padding is exercised too).
@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import collectives
-from collectives.zero import ZeroOptimizer, optimizer_state_bytes
+from collectives.parallel.zero import ZeroOptimizer, optimizer_state_bytes
 from tests.worlds import run_world
 
 STEPS = 3

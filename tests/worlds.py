@@ -2,7 +2,7 @@
 
 Starting a world costs seconds when each process imports torch afresh, so:
 processes are forked from a server that imported torch and collectives once
-(``collectives.launch.start`` with the ``forkserver`` start method and this
+(``collectives.tools.launch.start`` with the ``forkserver`` start method and this
 module preloaded), and a test runs many cases inside one world.
 ``run_world(fn, n)`` starts ``n`` processes on a free port, calls
 ``fn(rank, n, *args)`` in each after ``init_process_group``, and returns the
@@ -15,7 +15,7 @@ hanging CI. Ranks listed in ``doomed`` are meant to die
 import os
 
 import collectives  # noqa: F401  (preloaded into the fork server with this module)
-from collectives.launch import WorldError, free_port, run_in_group  # noqa: F401 (free_port: for tests)
+from collectives.tools.launch import WorldError, free_port, run_in_group  # noqa: F401 (free_port: for tests)
 
 DEFAULT_TIMEOUT = float(os.environ.get("COLLECTIVES_TEST_WORLD_TIMEOUT", 240))
 DEATH_EXIT_CODE = 17

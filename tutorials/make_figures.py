@@ -3,7 +3,7 @@
     python -m tutorials.make_figures            # all figures into tutorials/figures/
 
 One world of 4 gloo ranks runs each traced collective; rank 0 gets every
-rank's trace and ``collectives.plot`` (or a drawing function here) draws it.
+rank's trace and ``collectives.tools.plot`` (or a drawing function here) draws it.
 Timelines show this machine's timing on the day they were made; step
 diagrams, grids and byte counts are exact. The drawing functions are public:
 the notebooks draw the same pictures live.
@@ -13,7 +13,8 @@ import statistics
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-from collectives import cost_model, plot
+from collectives.tools import plot
+from collectives.tuning import cost_model
 from tutorials.demos.common import run
 from tutorials.demos.traces import (all_reduce_traces, repeated_all_reduce_traces,
                                     training_step_trace)

@@ -54,7 +54,7 @@ def shared_world_demo(command):
 
 
 def start_shell(command):
-    from collectives.launch import free_port  # imports torch: only when a demo runs
+    from collectives.tools.launch import free_port  # imports torch: only when a demo runs
     port = free_port()
     command = PORT_FLAG.sub(lambda m: m[1] + str(port), command)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

@@ -1,9 +1,9 @@
 """What one call of an algorithm costs, as code: the figures its card states.
 
 Every algorithm module defines ``cost(n, s, item=1)``: for a group of ``n``
-ranks and ``s`` bytes (the size nccl-tests reports, see
-``collectives.cost_model``), made of elements of ``item`` bytes, the
-:class:`Cost` of one call. The registry, the cost model, the automatic choice,
+ranks and ``s`` bytes (the size of the call, as :data:`SIZE_OF_CALL` defines it
+for each collective), made of elements of ``item`` bytes, the :class:`Cost` of
+one call. The registry, the cost model, the automatic choice,
 the traffic and memory tests and chapter 5's table all read it from there.
 
 The figures are exact, not asymptotic: pieces are cut as the algorithm cuts
@@ -16,6 +16,22 @@ at N = 1.
 from dataclasses import dataclass
 
 from ._util import split_bounds
+
+
+# What "the size of a call" (S, ``nbytes``) means for each collective: the convention of
+# nccl-tests, which the costs, the cost model, the automatic choice, the benchmarks and the
+# simulator all follow. Stated here, once.
+SIZE_OF_CALL = {
+    "broadcast": "the tensor",
+    "reduce": "the tensor",
+    "all_reduce": "the tensor",
+    "all_gather": "the whole output (N pieces)",
+    "gather": "the whole output (N pieces)",
+    "reduce_scatter": "the whole input (N pieces)",
+    "scatter": "the whole input (N pieces)",
+    "all_to_all": "the whole input of one rank (N pieces)",
+    "barrier": "nothing (0)",
+}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import collectives
-from collectives import cost_model
+from collectives.tuning import cost_model
 from tutorials.demos.common import run
 
 WORLD_SIZE = 4
@@ -74,7 +74,7 @@ def demo(rank, world_size):
         for a, t in times.items():
             card = cost_model.predict("all_reduce", a, world_size, nbytes, params)
             agree = agree and (nbytes > 1024 ** 2 or abs(card - t) <= 1e-9 * max(t, 1e-6))
-    print(f"collectives.cost_model.predict (each algorithm's cost()) gives the same times "
+    print(f"collectives.tuning.cost_model.predict (each algorithm's cost()) gives the same times "
           f"up to 1 MiB: {agree}")
 
 

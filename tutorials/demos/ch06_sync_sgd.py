@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.utils.data import DistributedSampler
 
 import collectives
-from collectives.data import DataPartitioner
+from collectives.train.data import DataPartitioner
 from tutorials.demos.common import print_ranks, run
 
 WORLD_SIZE = 4

@@ -13,7 +13,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 import collectives
-from collectives.models import Net
+from collectives.train.models import Net
 from tutorials.demos.common import print_ranks, run
 
 WORLD_SIZE = 4

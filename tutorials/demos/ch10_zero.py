@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import collectives
-from collectives.zero import ZeroOptimizer, optimizer_state_bytes
+from collectives.parallel.zero import ZeroOptimizer, optimizer_state_bytes
 from tutorials.demos.common import run
 
 WORLD_SIZE = 4

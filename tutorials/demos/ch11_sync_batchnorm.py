@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import collectives
-from collectives.sync_batchnorm import SyncBatchNorm
+from collectives.parallel.sync_batchnorm import SyncBatchNorm
 from tutorials.demos.common import run
 
 WORLD_SIZE = 4

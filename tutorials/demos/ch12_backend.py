@@ -14,7 +14,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import collectives  # registers the "collectives" backend
-from collectives.models import Net
+from collectives.train.models import Net
 from tutorials.demos.common import run
 
 WORLD_SIZE = 4

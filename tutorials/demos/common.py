@@ -5,7 +5,7 @@ start method, as ``torch.multiprocessing.spawn`` does), joins them into a gloo
 process group on a free port, calls ``fn(rank, world_size, *args)`` in each and
 returns what each rank returned, in rank order. ``fn`` must live in an
 importable module: the spawn start method pickles it by name, which is why
-notebooks import their demos. It is ``collectives.launch.run_in_group``, the
+notebooks import their demos. It is ``collectives.tools.launch.run_in_group``, the
 launcher the training and the tests use too.
 """
 import contextlib
@@ -13,7 +13,7 @@ import io
 
 import torch.distributed as dist
 
-from collectives.launch import run_in_group
+from collectives.tools.launch import run_in_group
 
 
 def run(fn, world_size, *args, backend="gloo", env=None, timeout=300):

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import collectives
-from collectives.models import Net
+from collectives.train.models import Net
 
 
 def gather_to_rank0(items):
@@ -77,7 +77,7 @@ def train_mnist(rank, world_size, data_dir, steps, losses, subset=2048, batch_si
     ``losses`` is a queue the notebook reads while training runs (the live curve):
     one (step, global batch's mean loss, [each rank's own loss]) per step, then None.
     """
-    from collectives.data import load_mnist, prepare_mnist, train_loader
+    from collectives.train.data import load_mnist, prepare_mnist, train_loader
     if rank == 0:
         prepare_mnist(data_dir)            # unpack once (chapter 8) ...
     collectives.barrier()                  # ... while the others wait

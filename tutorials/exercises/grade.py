@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from collectives.launch import free_port
+from collectives.tools.launch import free_port
 from tutorials.exercises import _checks, _worker
 
 HERE = Path(__file__).resolve().parent

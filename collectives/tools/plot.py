@@ -4,7 +4,7 @@ Every function takes the records of :func:`collectives.trace` from *all* ranks
 (gather them, e.g. with ``torch.distributed.gather_object``, and concatenate):
 a message appears twice, as a ``send`` on its source and a ``recv`` on its
 destination. :func:`timeline` draws from the same data as the Perfetto trace
-(:mod:`collectives.perfetto`), and also takes such a trace. Each function draws on a given ``ax`` (or a new figure) and
+(:mod:`collectives.tools.perfetto`), and also takes such a trace. Each function draws on a given ``ax`` (or a new figure) and
 returns what it drew on, so notebooks show it and scripts save it.
 
 Example::
@@ -13,7 +13,7 @@ Example::
     ...     collectives.all_reduce(x, algorithm="ring")
     >>> everyone = [None] * world_size
     >>> dist.all_gather_object(everyone, list(messages))
-    >>> ax = collectives.plot.timeline(sum(everyone, []))          # on rank 0
+    >>> ax = collectives.tools.plot.timeline(sum(everyone, []))          # on rank 0
     >>> ax.figure.savefig("ring.png")
 """
 import json
@@ -22,7 +22,6 @@ import matplotlib.pyplot as plt
 from matplotlib.colors import ListedColormap
 
 from . import perfetto
-from .perfetto import pair_messages  # noqa: F401  (matches sends to receives; here for old callers)
 
 
 def _axes(ax, figsize):
@@ -50,7 +49,7 @@ def _as_trace(data):
 def timeline(messages, ax=None, title=None, color_by="step", events=()):
     """Sequence diagram: one lane per rank, one arrow per message, from send to arrival.
 
-    Drawn from the same data a Perfetto trace holds (:mod:`collectives.perfetto`):
+    Drawn from the same data a Perfetto trace holds (:mod:`collectives.tools.perfetto`):
     thin bars on a lane show how long that rank's send (above the lane) or
     receive (below) was outstanding, grey boxes behind them the collective
     calls, outlined boxes at the top of a lane the spans the program marked
@@ -59,7 +58,7 @@ def timeline(messages, ax=None, title=None, color_by="step", events=()):
 
     Args:
         messages: Trace records from all ranks (a list, or {rank: records}), or a
-            trace written by :func:`collectives.perfetto.export_chrome_trace`
+            trace written by :func:`collectives.tools.perfetto.export_chrome_trace`
             (its dict, or the path to the JSON file).
         ax (matplotlib Axes, optional): Where to draw; a new figure if None.
         title (str, optional): Axes title.

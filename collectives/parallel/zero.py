@@ -34,7 +34,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import api
+from .. import api
 
 
 class ZeroOptimizer:

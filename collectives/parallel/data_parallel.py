@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from . import api
+from .. import api
 
 
 class _Bucket:

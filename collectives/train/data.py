@@ -31,6 +31,8 @@ import tempfile
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from .. import settings
+
 MEAN, STD = 0.1307, 0.3081
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
          "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -38,13 +40,12 @@ FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
 
 def data_dir(path=None):
     """The MNIST root: ``path`` if given, else ``$COLLECTIVES_DATA``, else ``./data``."""
-    return os.path.abspath(path or os.environ.get("COLLECTIVES_DATA") or "data")
+    return settings.data_dir(path)
 
 
 def cache_dir():
-    """Writable place for an unpacked copy of a read-only data directory."""
-    return os.path.abspath(os.environ.get("COLLECTIVES_CACHE")
-                           or os.path.join(os.path.expanduser("~"), ".cache", "collectives"))
+    """Writable place for an unpacked copy of a read-only data directory (``COLLECTIVES_CACHE``)."""
+    return settings.data_cache_dir()
 
 
 def _raw(root):

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import api
+from .. import api
 
 
 def _per_channel(t, x):

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import api
+from .. import api
 
 
 def average_gradients(model, group=None, algorithm=None):

@@ -7,7 +7,7 @@ our :class:`collectives.DataParallel` against both.
 """
 import torch.distributed as dist
 
-from . import api
+from .. import api
 
 
 def ddp_comm_hook(algorithm=None):

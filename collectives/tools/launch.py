@@ -416,7 +416,7 @@ def launch(fn, world_size, args=()):
     try:
         start(fn, world_size, *args)
     except WorldError as exc:
-        print(f"collectives.launch: {exc}", file=sys.stderr)
+        print(f"collectives.tools.launch: {exc}", file=sys.stderr)
         return 1
     return 0
 

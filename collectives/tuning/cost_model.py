@@ -19,9 +19,8 @@ queue behind each other. A module whose time does not follow from that (the
 pipelined ring overlaps reductions with transfers) states ``time(n, s, alpha,
 beta, gamma)`` beside its cost, and that is used instead.
 
-Sizes follow nccl-tests (and the benchmarks): ``size`` is the tensor for
-all_reduce, broadcast and reduce, the whole output for all_gather and gather,
-the whole input for reduce_scatter, scatter and all_to_all.
+``size`` is the size of the call as ``collectives.algorithms._cost.SIZE_OF_CALL``
+defines it for each collective (nccl-tests' convention).
 
 :func:`fit` gets alpha and beta from ping-pong and gamma from a local
 reduction, as the benchmarks measure them. Where it breaks (see
@@ -29,7 +28,7 @@ docs/benchmarks.md): more ranks than cores (a rank waiting for the CPU looks
 like latency), links used in both directions at once (the ring exchange's beta
 is not ping-pong's), and reductions that overlap with transfers.
 """
-from .algorithms import MODULES, cost
+from ..algorithms import ALGORITHMS, MODULES, cost
 
 
 def fit_line(xs, ys):
@@ -94,7 +93,7 @@ def table(collective, n, size, notes=None):
         | `naive_ring` | 3 | 3 | 3 S | 3 S | 4 S |
         ...
     """
-    from .algorithms import ALGORITHMS
+
     head = ["algorithm", "steps", "messages per rank", "bytes sent per rank",
             "bytes on the critical path", "extra memory"] + (["wins when"] if notes else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -1,60 +1,21 @@
-"""A torch.distributed backend named ``collectives``: unmodified torch programs on our algorithms.
-
-``import collectives`` registers it. Then::
-
-    dist.init_process_group("collectives")          # or "cpu:collectives,cuda:nccl", env://, ...
-    model = DistributedDataParallel(model)           # torch's own DDP, FSDP2, DTensor, dist.*
-
-runs every collective those programs issue as one of the algorithms in
-``collectives/algorithms/``, its messages moving through our one door
-(:class:`~collectives.p2p_communications.Comm`), so ``count_traffic()``,
-``trace()``, ``COLLECTIVES_TIMEOUT`` and ``COLLECTIVES_VERBOSE`` see them.
-
-How torch reaches us: ``init_process_group`` calls :func:`_create` (the creator
-registered with ``Backend.register_backend``) once per group with the group's
-store, rank and size. It returns a :class:`CollectivesBackend`, a Python
-subclass of torch's C++ ``Backend``; torch's ``ProcessGroup`` then calls its
-methods (``allreduce``, ``all_gather_single``, ...) for every collective on
-that group. Each method checks what our algorithms cannot do (naming torch's
-operation and the reason) and calls our public API (:mod:`collectives.api`,
-:mod:`collectives.tensor_api`) with the group's :class:`~collectives.group.GroupInfo`,
-so validation, aliasing, staging, call tags and the group's engine lane are the
-ones every other caller gets. It returns a :class:`BackendWork` whose future's
-value is the list of output tensors, which is what DDP's reducer, comm hooks and
-FSDP2 read, and whose ``wait()`` raises the collective's error.
-
-The messages themselves travel over an inner point-to-point transport: a
-``ProcessGroupGloo`` built from a prefixed copy of the group's store. Only its
-``send``/``recv`` are used, never its collectives. CUDA tensors are copied to
-host memory and back around the algorithm (NCCL as inner transport is not
-wired in yet).
-
-Choosing algorithms: ``COLLECTIVES_ALGO="all_reduce:ring,broadcast:binomial_tree"``
-(like ``NCCL_ALGO``), read when a group is created; a collective left out gets
-the automatic choice (``collectives.tuning``). Unknown names raise at
-``init_process_group``.
-"""
+"""The ``collectives`` backend's process group: torch's ``Backend`` methods, each one call of
+our public API on the group's inner transport (see the package's docstring)."""
 import datetime
-import os
 import threading
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _C10dBackend
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+from torch._C._distributed_c10d import Work as _C10dWork
 
-from . import api, reduce_ops, tensor_api
-from .algorithms import ALGORITHMS
-from .algorithms.all_gather_ring import ring_all_gather
-from .engine import engine
-from .group import GroupInfo
-from .p2p_communications import Comm
+from .. import api, reduce_ops, settings, tensor_api
+from ..call import check_tensor
+from ..engine import engine
+from ..errors import UnsupportedOperation
+from ..group import GroupInfo
 
 NAME = "collectives"
-ENV_ALGO = "COLLECTIVES_ALGO"
-
-
-from torch._C._distributed_c10d import Work as _C10dWork
 
 
 def _subclassable(cls):
@@ -74,35 +35,6 @@ def _subclassable(cls):
 # same methods by the same names, so one class serves both; what differs is said where it does.
 BACKEND_IS_PROCESS_GROUP = not _subclassable(_C10dBackend)
 _Base = dist.ProcessGroup if BACKEND_IS_PROCESS_GROUP else _C10dBackend
-
-
-def parse_algorithms(text, where=ENV_ALGO):
-    """``"all_reduce:ring,broadcast:binomial_tree"`` -> ``{"all_reduce": "ring", ...}``.
-
-    Raises ValueError naming the bad entry and the valid names.
-
-    Example::
-
-        >>> parse_algorithms("all_reduce:ring, all_gather:recursive_doubling")
-        {'all_reduce': 'ring', 'all_gather': 'recursive_doubling'}
-    """
-    chosen = {}
-    for entry in (text or "").split(","):
-        entry = entry.strip()
-        if not entry:
-            continue
-        collective, sep, algorithm = (s.strip() for s in entry.partition(":"))
-        if not sep or not algorithm:
-            raise ValueError(f"{where}: entry {entry!r} must read collective:algorithm, "
-                             f"e.g. all_reduce:ring")
-        if collective not in ALGORITHMS:
-            raise ValueError(f"{where}: unknown collective {collective!r} in {entry!r}; "
-                             f"valid: {', '.join(ALGORITHMS)}")
-        if algorithm not in ALGORITHMS[collective]:
-            raise ValueError(f"{where}: unknown algorithm {algorithm!r} for {collective}; "
-                             f"valid: {', '.join(ALGORITHMS[collective])}")
-        chosen[collective] = algorithm
-    return chosen
 
 
 class BackendWork(_C10dWork):
@@ -152,10 +84,6 @@ class BackendWork(_C10dWork):
         return self._future.wait()
 
 
-class UnsupportedOperation(RuntimeError):
-    """An operation or tensor the ``collectives`` backend cannot carry (never a silent fallback)."""
-
-
 def _unsupported(op, reason):
     return UnsupportedOperation(f"collectives backend: {op}: {reason}")
 
@@ -177,7 +105,7 @@ class CollectivesBackend(_Base):
         self._group_name = group_name
         self._timeout = timeout
         self._store = store
-        self._algorithms = parse_algorithms(os.environ.get(ENV_ALGO, ""))
+        self._algorithms = settings.algorithm_overrides()
         # A prefixed copy of the store, so the inner transport's keys never meet
         # the ones torch (or another backend on this group) writes.
         self._transport = ProcessGroupGloo(PrefixStore(f"{NAME}/", store), rank, size, timeout)
@@ -342,35 +270,11 @@ class CollectivesBackend(_Base):
         works = []
         for outs, t in zip(output_lists, inputs):
             _check_list(op, "output_tensor_list", outs, self._size, t.dtype)
-            if any(o.shape != t.shape for o in outs):   # uneven: per-rank sizes differ
-                works.append(self._uneven_all_gather(list(outs), t))
-            else:
-                works.append(api.all_gather(list(outs), t, self._info, True, self._choice("all_gather")))
+            # uneven sizes per rank (torch allows them) take the same path: our all_gather
+            # runs the ring, which moves each rank's piece at its own size
+            works.append(_as_unsupported(op, api.all_gather, list(outs), t, self._info, True,
+                                         self._choice("all_gather")))
         return self._wrap(op, works, [o for outs in output_lists for o in outs])
-
-    def _uneven_all_gather(self, outs, t):
-        """all_gather where rank i contributes ``outs[i].numel()`` elements (torch allows it).
-
-        Our API's all_gather asks for equal shapes, so this one call drives the
-        ring algorithm itself, which moves each rank's piece at its own size.
-        """
-        me = self._rank
-        if outs[me].numel() != t.numel():
-            raise _unsupported("allgather", f"output_tensor_list[{me}] has {outs[me].numel()} elements "
-                                            f"but this rank's input has {t.numel()}")
-        if any(o.device.type != "cpu" or not o.is_contiguous() for o in outs + [t]):
-            raise _unsupported("allgather", "tensors of different sizes per rank must be contiguous "
-                                            "CPU tensors")
-        info, fields = self._info, {"sizes": [o.numel() for o in outs], "dtype": t.dtype}
-        call = f"all_gather(uneven, sizes={fields['sizes']}, dtype={t.dtype}, algorithm=ring)"
-
-        def execute(seq):
-            outs[me].copy_(t.reshape(outs[me].shape))
-            if self._size > 1:
-                comm = Comm(info, "all_gather", "ring", seq, call)
-                ring_all_gather(comm, [o.view(-1) for o in outs])
-            return outs
-        return engine().submit(execute, "all_gather(ring, uneven)", True, info.key)
 
     def all_gather_single(self, output, input, opts=None):
         return self.all_gather_single_coalesced([output], [input], opts, op="all_gather_single")
@@ -495,14 +399,10 @@ def _as_unsupported(op, fn, *args):
 
 def _check_tensors(op, tensors):
     for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise _unsupported(op, f"expected tensors, got {type(t).__name__}")
-        if t.layout != torch.strided:
-            raise _unsupported(op, f"a tensor has layout {t.layout}; our algorithms move dense "
-                                   f"(strided) tensors only")
-        if t.device.type not in ("cpu", "cuda"):
-            raise _unsupported(op, f"a tensor is on {t.device}; this backend carries CPU and "
-                                   f"CUDA tensors only")
+        try:
+            check_tensor(f"collectives backend: {op}", "a tensor", t)
+        except (TypeError, ValueError) as exc:
+            raise UnsupportedOperation(str(exc)) from None
 
 
 def _check_list(op, name, tensors, size, dtype):

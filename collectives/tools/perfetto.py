@@ -42,7 +42,7 @@ import math
 
 import torch.distributed as dist
 
-from .p2p_communications import Message
+from ..observers import Message
 
 SPAN_TID = 0          # the "program" track: spans the caller marks (forward, backward, ...)
 CALL_TID = 1          # first thread id of the call tracks
@@ -261,7 +261,7 @@ def to_chrome_trace(records, spans=()):
     events = trace_events(records, t0) if first is not None else []
     events += span_events(spans, t0) if spans else []
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"producer": "collectives.perfetto", "t0_unix_s": t0}}
+            "otherData": {"producer": "collectives.tools.perfetto", "t0_unix_s": t0}}
 
 
 def export_chrome_trace(records, path, spans=()):

@@ -40,38 +40,41 @@ message to every other rank: N(N-1) small messages, a latency the benchmark
 """
 import hashlib
 import json
-import os
 import threading
 import time
 
 import torch
 
-from .p2p_communications import MAX_STEP, CollectiveError, CollectiveTimeout
+from . import settings
+from .errors import CollectiveError, CollectiveTimeout, DesyncError
+from .p2p_communications import MAX_STEP
 
 HEADER_BYTES = 1024
 _CHECK_STEP = MAX_STEP     # a step no algorithm reaches
 _MAX_SHOWN = 700           # characters of a call's description that travel; a digest covers all
 
 
-class DesyncError(CollectiveError):
-    """Ranks of a group called different collectives (or the same one differently)."""
-
-
 def enabled():
-    """Whether ``COLLECTIVES_DEBUG`` asks for the check."""
-    return os.environ.get("COLLECTIVES_DEBUG", "0") not in ("", "0")
+    """Whether ``COLLECTIVES_DEBUG`` asks for the eager check."""
+    return settings.desync_check()
 
 
-def describe(collective, algorithm, fields):
-    """``all_reduce(op=SUM, shape=[4], dtype=float32, algorithm=ring)``."""
-    args = [f"{k}={v}" for k, v in fields.items()] + [f"algorithm={algorithm}"]
-    return f"{collective}({', '.join(args)})"
+# Fields that are compared crosswise (what i sends j expects), not shown in the description.
+_COUNTS = ("sends", "recvs")
 
 
 def _show(key, value):
     if key == "dtype":
         return str(value).replace("torch.", "")
     return value
+
+
+def describe(collective, algorithm, fields):
+    """The call's fingerprint as text, which every rank of a correct program agrees on:
+    ``all_reduce(op=SUM, shape=[4], dtype=float32, algorithm=ring)``. It goes into every
+    message's tag and into every desync report."""
+    args = [f"{k}={_show(k, v)}" for k, v in fields.items() if k not in _COUNTS]
+    return f"{collective}({', '.join(args + [f'algorithm={algorithm}'])})"
 
 
 def _encode(seq, call, counts, size):
@@ -104,13 +107,12 @@ def check_agreement(comm, fingerprint):
     element counts per group rank, which must match crosswise (what rank i
     sends to j is what j expects from i).
     """
-    fields = {k: _show(k, v) for k, v in fingerprint.items() if k not in ("sends", "recvs")}
     n = comm.size
     sends, recvs = fingerprint.get("sends"), fingerprint.get("recvs")
     counts = list(sends or [-1] * n) + list(recvs or [-1] * n)
     seq = comm.seq  # the engine's number for this call on this group: tells "skipped" from "other"
 
-    buf = _encode(seq, describe(comm.collective, comm.algorithm, fields), counts, n)
+    buf = _encode(seq, describe(comm.collective, comm.algorithm, fingerprint), counts, n)
     if comm.nccl:
         buf = buf.cuda()
     boxes = {p: torch.empty_like(buf) for p in range(n) if p != comm.rank}
@@ -186,7 +188,7 @@ def explain_timeout(comm, exc):
         return exc
     me = comm.ranks[comm.rank]
     grace = _grace(comm.timeout)
-    mine = {"seq": comm.seq, "call": comm.call, "waiting_on": exc.peer}
+    mine = {"seq": comm.seq, "call": comm.description, "waiting_on": exc.peer}
     prefix = f"collectives/stuck/{info.key}/"
     answers, failure = {}, []
 
@@ -220,15 +222,15 @@ def explain_timeout(comm, exc):
         return type(exc)(
             f"{exc} The rendezvous store did not answer either, so its host (usually rank 0, the "
             f"rank at MASTER_ADDR) is most likely the rank that stopped or died.", exc.peer, comm)
-    others = {r: a for r, a in answers.items() if (a["seq"], a["call"]) != (comm.seq, comm.call)}
+    others = {r: a for r, a in answers.items() if (a["seq"], a["call"]) != (comm.seq, comm.description)}
     if others:
-        lines = [f"rank {me}: call #{comm.seq} {comm.call}"]
+        lines = [f"rank {me}: call #{comm.seq} {comm.description}"]
         lines += [f"rank {r}: call #{a['seq']} {a['call']}" for r, a in sorted(others.items())]
         r, a = min(others.items())
         skipped = " (a rank skipped or added a collective on this group)" if a["seq"] != comm.seq else ""
         return DesyncError(
             f"collectives: ranks disagree on the group of ranks {list(info.ranks)}: rank {r} is in "
-            f"call #{a['seq']} {a['call']} while rank {me} is in call #{comm.seq} {comm.call}{skipped}. "
+            f"call #{a['seq']} {a['call']} while rank {me} is in call #{comm.seq} {comm.description}{skipped}. "
             f"Messages of different calls never pair, so both waited {comm.timeout:g} s "
             f"(COLLECTIVES_TIMEOUT).\n  " + "\n  ".join(lines))
     silent = [r for r in info.ranks if r != me and r not in answers]
@@ -239,6 +241,6 @@ def explain_timeout(comm, exc):
         kind = CollectiveTimeout if isinstance(exc, CollectiveTimeout) else CollectiveError
         return kind(
             f"collectives: rank{'s' if len(silent) > 1 else ''} {who} of the group {list(info.ranks)} "
-            f"never answered in call #{comm.seq} {comm.call}: stopped (SIGSTOP, a debugger), dead, "
+            f"never answered in call #{comm.seq} {comm.description}: stopped (SIGSTOP, a debugger), dead, "
             f"or busy elsewhere (computing, or blocked in a call on another group).{via} ({exc})", silent[0], comm)
     return exc

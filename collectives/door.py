@@ -1,0 +1,54 @@
+"""The door's interface: everything an algorithm may use to move data.
+
+An algorithm (``collectives/algorithms/``) is a plain function that takes a door
+and flat tensors. It may read ``rank`` and ``size`` (ranks of its group,
+0..size-1) and call the methods below, nothing else: no ``torch.distributed``,
+no sockets, no clock. That is what lets the same unchanged code run on two
+implementations of this interface:
+
+* :class:`collectives.p2p_communications.Comm`, the real one: messages over
+  gloo or NCCL between processes, with tags, timeouts, counters and traces;
+* the simulator's door (``collectives.sim``): virtual ranks in one process, on
+  a modelled network, with rendezvous semantics.
+
+``step`` is a small non-negative int (below 2**14) that both sides of a message
+agree on; empty tensors are not sent (both sides know the sizes, so both skip).
+Tensors are contiguous.
+"""
+from typing import Protocol, Sequence, Tuple, runtime_checkable
+
+import torch
+
+Pairs = Sequence[Tuple[torch.Tensor, int]]   # [(tensor, peer group rank), ...]
+
+
+@runtime_checkable
+class Pending(Protocol):
+    """Messages posted together and not yet waited for."""
+
+    def wait(self) -> None:
+        """Block until every posted message has completed (or raise)."""
+
+
+@runtime_checkable
+class Door(Protocol):
+    """Point-to-point messaging for one collective call, as algorithms see it."""
+
+    rank: int   # this rank in the group, 0..size-1
+    size: int   # ranks in the group
+
+    def post(self, step: int, sends: Pairs = (), recvs: Pairs = ()) -> Pending:
+        """Post every receive and send at once; wait later with ``.wait()``."""
+
+    def exchange(self, step: int, sends: Pairs = (), recvs: Pairs = ()) -> None:
+        """``post(...)`` then ``wait()``: the sends and receives of one step, together."""
+
+    def send(self, tensor: torch.Tensor, peer: int, step: int) -> None:
+        """Send ``tensor`` to ``peer`` and wait until it is delivered."""
+
+    def recv(self, tensor: torch.Tensor, peer: int, step: int) -> None:
+        """Receive into ``tensor`` from ``peer`` (the sizes must match exactly)."""
+
+    def sendrecv(self, send_tensor: torch.Tensor, dst: int, recv_tensor: torch.Tensor, src: int,
+                 step: int) -> None:
+        """Send to ``dst`` and receive from ``src`` in one step, posted together."""

@@ -1,0 +1,130 @@
+"""Every ``COLLECTIVES_*`` environment variable, read here and nowhere else.
+
+Each setting is one function: it reads its variable when called (so a test or a
+launcher can change the environment between calls), checks the value, and raises
+``ValueError`` naming the variable, the value and what is accepted. ``VARIABLES``
+lists them with their defaults and meaning; README's table of variables is
+checked against it (``tests/test_layers.py``).
+
+Callers that run per message read a setting once per call, not per message: an
+environment lookup costs about 2 us.
+"""
+import math
+import os
+
+from .algorithms import ALGORITHMS
+
+DEFAULT_TIMEOUT = 300.0
+MAX_TIMEOUT = 7 * 24 * 3600.0   # a week: beyond it a timedelta wait is no longer a bound anyone means
+
+# name -> (default as README states it, what it does)
+VARIABLES = {
+    "COLLECTIVES_TIMEOUT": ("300", "seconds any rank waits for a peer"),
+    "COLLECTIVES_DEBUG": ("0", "exchange a fingerprint of each call before any data moves"),
+    "COLLECTIVES_VERBOSE": ("0", "print every message as it moves"),
+    "COLLECTIVES_ALGO": ("", "algorithms per collective, e.g. all_reduce:ring,broadcast:binomial_tree"),
+    "COLLECTIVES_TUNING_TABLE": ("", "a tuning table algorithm=None reads instead of this machine's"),
+    "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
+    "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
+}
+
+
+def _raw(name):
+    value = os.environ.get(name)
+    return value if value is not None and value.strip() else None
+
+
+def _flag(name):
+    value = _raw(name)
+    if value is None:
+        return False
+    value = value.strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name}={os.environ[name]!r} is not valid: use 1 (on) or 0 (off); unset, it is 0")
+
+
+def timeout_seconds():
+    """The per-wait limit in seconds, ``COLLECTIVES_TIMEOUT`` (default 300).
+
+    Raises ValueError naming the variable and the accepted range for anything
+    that is not a finite number of seconds in (0, one week].
+    """
+    value = _raw("COLLECTIVES_TIMEOUT")
+    if value is None:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
+        raise ValueError(f"COLLECTIVES_TIMEOUT={value!r} is not valid: it must be a finite number "
+                         f"of seconds with 0 < seconds <= {MAX_TIMEOUT:g} (one week); "
+                         f"unset, it is {DEFAULT_TIMEOUT:g}")
+    return seconds
+
+
+def desync_check():
+    """``COLLECTIVES_DEBUG=1``: every call first compares its fingerprint with the group's."""
+    return _flag("COLLECTIVES_DEBUG")
+
+
+def verbose():
+    """``COLLECTIVES_VERBOSE=1``: print every message as it moves."""
+    return _flag("COLLECTIVES_VERBOSE")
+
+
+def parse_algorithms(text, where="COLLECTIVES_ALGO"):
+    """``"all_reduce:ring,broadcast:binomial_tree"`` -> ``{"all_reduce": "ring", ...}``.
+
+    Raises ValueError naming the bad entry and the valid names; a collective named
+    twice is an error (which one was meant?).
+
+    Example::
+
+        >>> parse_algorithms("all_reduce:ring, all_gather:recursive_doubling")
+        {'all_reduce': 'ring', 'all_gather': 'recursive_doubling'}
+    """
+    chosen = {}
+    for entry in (text or "").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        collective, sep, algorithm = (s.strip() for s in entry.partition(":"))
+        if not sep or not algorithm:
+            raise ValueError(f"{where}: entry {entry!r} must read collective:algorithm, "
+                             f"e.g. all_reduce:ring")
+        if collective not in ALGORITHMS:
+            raise ValueError(f"{where}: unknown collective {collective!r} in {entry!r}; "
+                             f"valid: {', '.join(ALGORITHMS)}")
+        if algorithm not in ALGORITHMS[collective]:
+            raise ValueError(f"{where}: unknown algorithm {algorithm!r} for {collective}; "
+                             f"valid: {', '.join(ALGORITHMS[collective])}")
+        if collective in chosen:
+            raise ValueError(f"{where}: {collective} is named twice ({collective}:{chosen[collective]} "
+                             f"and {entry!r}); name each collective once")
+        chosen[collective] = algorithm
+    return chosen
+
+
+def algorithm_overrides():
+    """``COLLECTIVES_ALGO``, parsed: {collective: algorithm} (empty when unset)."""
+    return parse_algorithms(_raw("COLLECTIVES_ALGO") or "")
+
+
+def tuning_table():
+    """``COLLECTIVES_TUNING_TABLE``: a table file ``algorithm=None`` reads instead, or None."""
+    return _raw("COLLECTIVES_TUNING_TABLE")
+
+
+def data_dir(path=None):
+    """The MNIST root: ``path`` if given, else ``COLLECTIVES_DATA``, else ``./data``."""
+    return os.path.abspath(path or _raw("COLLECTIVES_DATA") or "data")
+
+
+def data_cache_dir():
+    """``COLLECTIVES_CACHE``: a writable place for an unpacked copy of a read-only data folder."""
+    return os.path.abspath(_raw("COLLECTIVES_CACHE")
+                           or os.path.join(os.path.expanduser("~"), ".cache", "collectives"))

@@ -1,0 +1,1 @@
+"""Tools around the library: the launcher that starts every world, Perfetto export, pictures."""

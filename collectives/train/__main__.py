@@ -1,0 +1,4 @@
+"""``python -m collectives.train``."""
+from .cli import main
+
+main()

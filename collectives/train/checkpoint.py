@@ -1,0 +1,114 @@
+"""Checkpoints written atomically, and the resume policy (what a resumed run must share)."""
+import os
+import random
+import re
+
+import torch
+
+from ..tools.launch import SetupError
+
+
+TMP = re.compile(r"\..+\.tmp\.\d+")   # what save_atomic writes before the rename
+
+
+def save_atomic(write, path):
+    """Write ``path`` through ``write(tmp_path)`` then rename: readers see the old file or the new one.
+
+    A process killed mid-write leaves its hidden ``.NAME.tmp.PID`` behind;
+    :func:`remove_partial_writes` clears those at the next start.
+    """
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.tmp.{os.getpid()}")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def remove_partial_writes(out):
+    """Delete what writers killed mid-write left in ``out`` (call with the lock held: no writer is live)."""
+    for name in os.listdir(out) if os.path.isdir(out) else []:
+        if TMP.fullmatch(name):
+            os.remove(os.path.join(out, name))
+
+
+def save_checkpoint(state, path):
+    save_atomic(lambda tmp: torch.save(state, tmp), path)
+
+
+def load_checkpoint(path):
+    """The checkpoint, on the CPU: RNG states must be CPU ByteTensors, and the model and
+    optimizer copy their tensors to their own device when they load them."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# --- resuming ---------------------------------------------------------------------------------
+
+# What a resumed run must share with the checkpoint's: everything that changes the numbers.
+# Where and how it runs (world size, backend, device, paths, threads, progress bar) may change,
+# and --epochs / --max-steps may be raised to train further.
+MUST_MATCH = ("batch_size", "lr", "momentum", "weight_decay", "algorithm", "sync", "bucket_cap_mb",
+              "split", "seed", "subset")
+MAY_RAISE = ("epochs", "max_steps")
+
+
+def resume_differences(saved, args):
+    """The arguments in which ``args`` differs from the checkpoint's ``saved`` ones, as lines."""
+    now = vars(args)
+    lines = [f"--{k.replace('_', '-')}: {saved.get(k)!r} in the checkpoint, {now[k]!r} now"
+             for k in MUST_MATCH if saved.get(k) != now[k]]
+    for k in MAY_RAISE:
+        old, new = saved.get(k), now[k]
+        lowered = new is not None and (old is None or new < old)
+        if lowered:
+            lines.append(f"--{k.replace('_', '-')}: {old!r} in the checkpoint, {new!r} now "
+                         f"(it may be raised, not lowered)")
+    return lines
+
+
+def check_resume(args):
+    """Before any rank starts: refuse a resume with other arguments; None, or the reason to stop.
+
+    Returns:
+        str or None: a message when the run already finished (nothing to do).
+
+    Raises:
+        SetupError: the checkpoint was made with different arguments; the message names each.
+    """
+    path = os.path.join(args.out, "checkpoint.pt")
+    if not (args.resume and os.path.exists(path)):
+        return None
+    ckpt = load_checkpoint(path)
+    saved = ckpt.get("args") or {}
+    diffs = resume_differences(saved, args)
+    if diffs:
+        raise SetupError(
+            f"--resume refused: {path} was written by a run with other arguments:\n  "
+            + "\n  ".join(diffs) + "\nResume with the checkpoint's arguments, or give a new --out.")
+    steps = ckpt.get("global_step", 0)
+    if ckpt["epoch"] >= args.epochs or (args.max_steps and steps >= args.max_steps):
+        last = ckpt["history"][-1] if ckpt["history"] else {}
+        acc = f", test accuracy {100 * last['test_accuracy']:.2f}%" if last else ""
+        return (f"the run in {args.out} already finished ({ckpt['epoch']} of {args.epochs} epochs, "
+                f"{steps} steps{acc}); nothing to do. Raise --epochs to train further, "
+                f"or give a new --out.")
+    return None
+
+
+def resume(args, rank, world, device):
+    """Load ``OUT/checkpoint.pt`` for this rank and restore its RNG states; None when starting fresh.
+
+    ``device`` is where the rank trains; the checkpoint is read onto the CPU
+    whatever it is, because ``torch.set_rng_state`` takes only a CPU
+    ByteTensor (mapping the checkpoint onto a GPU failed with "RNG state must
+    be a torch.ByteTensor"). The model and optimizer copy their tensors to
+    ``device`` when they load them.
+    """
+    path = os.path.join(args.out, "checkpoint.pt")
+    if not (args.resume and os.path.exists(path)):
+        return None
+    ckpt = load_checkpoint(path)
+    if len(ckpt["rng"]) == world:
+        torch.set_rng_state(ckpt["rng"][rank].cpu())
+    random.setstate(ckpt["python_rng"])
+    return ckpt

@@ -1,0 +1,106 @@
+"""Train the MNIST net data-parallel, every gradient averaged by our collectives.
+
+Examples::
+
+    # 4 processes on this machine (gloo, CPU), MNIST from a read-only copy
+    COLLECTIVES_DATA=../shared/data python -m collectives.train --world-size 4
+
+    # the same under torchrun, on one node or on each of two
+    torchrun --nproc_per_node 4 -m collectives.train
+    torchrun --nnodes 2 --node_rank 0 --nproc_per_node 2 --master_addr HOST --master_port 29400 \
+        -m collectives.train
+
+    # continue after a crash, from the last checkpoint in --out
+    python -m collectives.train --world-size 4 --resume
+
+Rank 0 prints a progress bar and one line per epoch, and writes to ``--out``:
+``metrics.json`` and ``metrics.csv`` (per epoch), ``curves.png`` (loss and
+accuracy) and ``checkpoint.pt`` (model, optimizer, position, RNG states, the
+run's arguments), each replaced atomically so a crash never leaves a torn file.
+``train.lock`` holds ``--out`` for one training at a time. ``--resume``
+refuses a checkpoint made with other arguments (``--epochs`` may be raised).
+"""
+import argparse
+import os
+import socket
+import sys
+
+from ..algorithms import ALGORITHMS
+from ..tools import launch
+from .checkpoint import check_resume
+from .data import per_rank_batch
+from .lock import acquire_lock, release_lock
+from .loop import data_root, worker
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m collectives.train", description=__doc__.split("\n")[0])
+    p.add_argument("--world-size", type=int, default=4, help="processes to spawn (ignored under torchrun)")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                   help="auto: nccl when every rank can have its own GPU, else gloo")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda if a GPU is visible, else cpu")
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=128, help="global batch, split across ranks")
+    p.add_argument("--lr", type=float, default=0.1, help="peak learning rate (warmup, then cosine decay)")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--algorithm", choices=ALGORITHMS["all_reduce"], default=None,
+                   help="all_reduce algorithm for the gradients (default: chosen by size)")
+    p.add_argument("--sync", choices=["naive", "bucketed"], default="bucketed",
+                   help="naive: one all_reduce per parameter after backward; bucketed: DDP-style")
+    p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--split", choices=["sampler", "partition"], default="sampler",
+                   help="DistributedSampler (reshuffled per epoch) or the tutorial's DataPartitioner")
+    p.add_argument("--data-dir", default=None, help="MNIST root (default: $COLLECTIVES_DATA or ./data)")
+    p.add_argument("--out", default="runs/mnist", help="metrics, plot and checkpoint go here")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt if it exists")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="also checkpoint every STEPS steps inside an epoch (0: at epoch ends only)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--subset", type=int, default=None, help="use only the first N train and test examples")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in total")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads per rank (default: cores // ranks on this node, at least 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    """``collectives-train`` / ``python -m collectives.train``: check, then start the ranks.
+
+    Mistakes in the setup (arguments, port, GPUs, data, a second training on
+    the same --out) stop here with one message before any rank starts. An error
+    inside a rank is not caught: its traceback reaches stderr, and the exit
+    code is non-zero, under torchrun too.
+    """
+    args = parse_args(argv)
+    try:
+        finished = check_resume(args)
+        if finished:
+            if not launch.under_torchrun() or launch.place()[0] == 0:
+                print(f"collectives.train: {finished}", flush=True)
+            return
+        if launch.under_torchrun():
+            launch.launch(worker, None, (args, True))
+            return
+        if args.world_size < 1:
+            raise launch.SetupError(f"--world-size must be at least 1, got {args.world_size}")
+        if os.environ.get("MASTER_PORT"):
+            launch.check_port(os.environ.get("MASTER_ADDR") or "127.0.0.1",
+                              launch.master_port(os.environ["MASTER_PORT"]))
+        here = [{"host": socket.gethostname(), "gpus": launch.visible_gpus()}] * args.world_size
+        launch.choose_backend(args.backend, args.device, here)
+        try:
+            per_rank_batch(args.batch_size, args.world_size)
+        except ValueError as exc:
+            raise launch.SetupError(str(exc)) from None
+        lock = acquire_lock(args.out)
+        try:
+            data_root(args.data_dir, download=True)   # once, before the ranks start
+            code = launch.launch(worker, args.world_size, (args,))
+        finally:
+            release_lock(lock)
+    except launch.SetupError as exc:
+        sys.exit(f"collectives.train: {exc}")
+    sys.exit(code)

@@ -1,0 +1,155 @@
+"""Tuning tables: where they live, how they are read, and how a benchmark writes one.
+
+A table is JSON: ``{"choices": {collective: {N: [[size, algorithm], ...]}},
+"models": {N: {alpha, beta, gamma, ...}}, "model": {...}, "measured": [...]}``.
+``python -m benchmarks.tune`` measures one for this machine into the per-user cache;
+the package ships one measured on this project's 2-core machine.
+"""
+import functools
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import socket
+
+from .. import settings
+from ..algorithms import ALGORITHMS
+
+SMALL_BYTES = 64 * 1024
+BEYOND = 4
+TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_table.json")
+
+
+def table_path():
+    """The shipped table ``algorithm=None`` falls back to: ``COLLECTIVES_TUNING_TABLE`` if set,
+    else the packaged one."""
+    return settings.tuning_table() or TABLE_PATH
+
+
+def cache_dir():
+    """Where tuning tables measured on this machine live (per user)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "collectives")
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine():
+    """What identifies this machine's measurements: host name, CPU model, cores."""
+    return {"host": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count()}
+
+
+def machine_key():
+    """A file-name-safe key for :func:`machine` ('host-16cpu-1a2b3c4d5e')."""
+    m = machine()
+    digest = hashlib.sha1(json.dumps(m, sort_keys=True).encode()).hexdigest()[:10]
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", m["host"])[:40]
+    return f"{host}-{m['cores']}cpu-{digest}"
+
+
+def cache_path():
+    """This machine's tuning table in the per-user cache (it may not exist yet)."""
+    return os.path.join(cache_dir(), f"tuning-{machine_key()}.json")
+
+
+def _read(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+@functools.lru_cache(maxsize=None)
+def shipped():
+    """The shipped table (or ``COLLECTIVES_TUNING_TABLE``'s)."""
+    path = table_path()
+    try:
+        return _read(path)
+    except (OSError, ValueError) as exc:
+        if path != TABLE_PATH:  # a table the user named must exist: a typo would pass unnoticed
+            raise ValueError(f"COLLECTIVES_TUNING_TABLE={path}: cannot read a tuning table ({exc})") from None
+        return {}
+
+
+@functools.lru_cache(maxsize=None)
+def measured_here():
+    """This machine's measured table, or {} if ``collectives-tune`` has not run here."""
+    if settings.tuning_table():
+        return {}
+    try:
+        return _read(cache_path())
+    except (OSError, ValueError):
+        return {}
+
+
+def forget():
+    """Forget every table read so far (after a new one was written)."""
+    shipped.cache_clear()
+    measured_here.cache_clear()
+
+
+def best_from_rows(rows):
+    """{collective: {N: [[size, algorithm], ...]}}: the fastest algorithm at each measured point.
+
+    On a noisy machine one sample can make an algorithm look fastest at a size where
+    it is slower on both sides (all_gather, N=4, 16K, on the 2-core machine: ring
+    measured 1.14x faster, between sizes where it was 1.3x and 1.9x slower). The
+    regime changes slowly with size, so each algorithm is scored by its time over
+    the fastest at this size and at the two neighbouring sizes, a geometric mean
+    in which this size counts twice; the lowest score wins (ties: the faster here).
+    Sizes where an algorithm was not timed do not count for it.
+    """
+    times = {}
+    for r in rows:
+        name = r["algorithm"]
+        if name in ("builtin", "default") or name.endswith("+debug") or name not in ALGORITHMS[r["collective"]]:
+            continue
+        key = (r["collective"], r["world_size"])
+        times.setdefault(key, {}).setdefault(r["size"], {})[name] = r["time_us"]
+    out = {}
+    for (collective, n), by_size in sorted(times.items()):
+        sizes = sorted(by_size)
+        over = [{a: t / min(by_size[s].values()) for a, t in by_size[s].items()} for s in sizes]
+
+        def score(a, i):
+            near = [(2 if j == i else 1, over[j][a]) for j in range(max(0, i - 1), min(len(sizes), i + 2))
+                    if a in over[j]]
+            return math.exp(sum(w * math.log(x) for w, x in near) / sum(w for w, _ in near))
+        out.setdefault(collective, {})[str(n)] = [
+            [s, min(over[i], key=lambda a: (score(a, i), over[i][a]))] for i, s in enumerate(sizes)]
+    return out
+
+
+def write_table(path, rows, model, meta):
+    """Merge the fastest algorithms measured in ``rows`` into the table at ``path``.
+
+    ``model``: {group size: fitted parameters} (may be empty); ``meta``: what was run where.
+    """
+    try:
+        table = _read(path)
+    except (OSError, ValueError):
+        table = {}
+    choices = table.setdefault("choices", {})
+    for collective, by_n in best_from_rows(rows).items():
+        choices.setdefault(collective, {}).update(by_n)
+    if model:
+        table.setdefault("models", {}).update({str(n): params for n, params in model.items()})
+        # The model for unmeasured group sizes: the largest world measured is the most typical.
+        table["model"] = model[max(model)]
+    table.setdefault("measured", []).append(meta)
+    table["measured"] = table["measured"][-5:]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)   # a reader never sees half a table
+    forget()
