@@ -183,7 +183,7 @@ def check_tensor(where, name, t):
         raise ValueError(f"{where}: {name} has layout {t.layout}; only dense (strided) "
                          f"tensors can be sent")
     if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{where}: {name} is on device {t.device}, which the transports "
+        raise ValueError(f"{where}: {name} is on device {t.device}, which the backend "
                          f"cannot send (CPU and CUDA tensors only)")
 
 

@@ -76,7 +76,7 @@ def test_groups_algorithm_choice_and_errors():
         assert out["algorithms"] == [("all_reduce", "recursive_doubling"), ("broadcast", "binomial_tree")]
         errors = out["errors"]
         assert errors["sparse"] == ("collectives backend: allreduce: a tensor has layout torch.sparse_coo; "
-                                    "our algorithms move dense (strided) tensors only")
+                                    "only dense (strided) tensors can be sent")
         assert errors["premul"].startswith("collectives backend: allreduce: op must be a "
                                            "torch.distributed.ReduceOp"), errors["premul"]
         assert "op=ReduceOp.SUM is not defined for dtype torch.bool" in errors["bool sum"]

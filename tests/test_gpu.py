@@ -62,7 +62,7 @@ def test_door_refuses_cuda_tensors_on_gloo():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         comm = Comm(None, "test", "door")
-        with pytest.raises(ValueError, match="CUDA tensor on a gloo group, which sends host memory only"):
+        with pytest.raises(ValueError, match="CUDA tensor but the gloo group sends host memory only"):
             comm.post(0, sends=[(torch.ones(4, device="cuda"), 0)])
     finally:
         dist.destroy_process_group()
