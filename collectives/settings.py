@@ -26,6 +26,8 @@ VARIABLES = {
     "COLLECTIVES_TUNING_TABLE": ("", "a tuning table algorithm=None reads instead of this machine's"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
+    "COLLECTIVES_LAB_LAYOUT": ("", "set by --lab: the lab host of every rank, e.g. 0,0,1,1"),
+    "COLLECTIVES_LAB_RATE": ("", "set by --lab: each lab link's rate in bits per second, one way"),
 }
 
 
@@ -128,3 +130,43 @@ def data_cache_dir():
     """``COLLECTIVES_CACHE``: a writable place for an unpacked copy of a read-only data folder."""
     return os.path.abspath(_raw("COLLECTIVES_CACHE")
                            or os.path.join(os.path.expanduser("~"), ".cache", "collectives"))
+
+
+def lab_layout():
+    """``COLLECTIVES_LAB_LAYOUT`` (set by ``--lab``): the host of rank 0, 1, ..., or None outside a lab.
+
+    Ranks with the same host share its loopback; others cross rate-limited links. Hosts are
+    numbered 0..K-1 and each has a rank.
+
+    Example::
+
+        >>> os.environ["COLLECTIVES_LAB_LAYOUT"] = "0,0,1,1"; lab_layout()
+        [0, 0, 1, 1]
+    """
+    value = _raw("COLLECTIVES_LAB_LAYOUT")
+    if value is None:
+        return None
+    try:
+        layout = [int(x) for x in value.split(",")]
+    except ValueError:
+        layout = []
+    if not layout or min(layout) < 0 or set(layout) != set(range(max(layout) + 1)):
+        raise ValueError(f"COLLECTIVES_LAB_LAYOUT={value!r} is not valid: it must list the host of "
+                         f"every rank, comma-separated, hosts numbered 0..K-1 each with a rank "
+                         f"(e.g. 0,0,1,1); --lab sets it, unset it outside a lab")
+    return layout
+
+
+def lab_rate():
+    """``COLLECTIVES_LAB_RATE`` (set by ``--lab``): a lab link's rate in bits/s one way, or None."""
+    value = _raw("COLLECTIVES_LAB_RATE")
+    if value is None:
+        return None
+    try:
+        rate = int(value)
+    except ValueError:
+        rate = 0
+    if rate <= 0:
+        raise ValueError(f"COLLECTIVES_LAB_RATE={value!r} is not valid: a whole number of bits per "
+                         f"second above 0 (--lab sets it); unset it outside a lab")
+    return rate
