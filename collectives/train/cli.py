@@ -30,7 +30,7 @@ import sys
 
 from ..algorithms import ALGORITHMS
 from ..tools import launch
-from ..tools.lab import FLAG_HELP, lab_argument, unavailable_reason
+from ..tools.lab import FLAG_HELP, lab_argument, parse_lab, unavailable_reason
 from .checkpoint import check_resume
 from .data import per_rank_batch
 from .lock import acquire_lock, release_lock
@@ -67,7 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads per rank (default: cores // ranks on this node, at least 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--lab", type=lab_argument, default=None, metavar="hosts=K,...", help=FLAG_HELP)
+    # Kept as its canonical text: the run's arguments go into checkpoints, readable without us.
+    p.add_argument("--lab", type=lambda text: str(lab_argument(text)), default=None,
+                   metavar="hosts=K,...", help=FLAG_HELP)
     return p.parse_args(argv)
 
 
@@ -96,7 +98,7 @@ def main(argv=None):
                               launch.master_port(os.environ["MASTER_PORT"]))
         if args.lab is not None:
             try:
-                args.lab.layout(args.world_size)
+                parse_lab(args.lab).layout(args.world_size)
             except ValueError as exc:
                 raise launch.SetupError(str(exc)) from None
             if unavailable_reason():
