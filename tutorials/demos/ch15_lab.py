@@ -98,7 +98,7 @@ def main():
           f"{one_way / LINK:.2f} of the link's {LINK:.3f} GB/s")
     print("   all_reduce of 16 MiB on 4 hosts, busbw (GB/s) and its fraction of the link:")
     for name, bw in busbw.items():
-        print(f"   {name:21s} {bw:.3f}  {bw / LINK:.2f}")
+        print(f"   {name:16s} {bw:.3f}  {bw / LINK:.2f}")
 
     with tempfile.TemporaryDirectory() as out:
         code = lab.torchrun(lab.parse_lab(f"hosts=2,ranks-per-host=2,rate={RATE}"),
