@@ -211,3 +211,21 @@ def test_killed_launcher_is_cleaned_at_next_start():
     assert lab_id in netns.stale_labs()
     with lab.Lab(lab.parse_lab("hosts=1")):     # the next start removes it
         assert lab.leftovers(lab_id) == []
+
+
+def test_launchers_refuse_a_world_that_does_not_fit(tmp_path, capsys):
+    """The trainer and the benchmarks refuse a mismatched --lab before anything starts."""
+    from benchmarks import sweep
+    from collectives.train import cli
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--world-size", "2", "--lab", "hosts=4", "--out", str(tmp_path / "run")])
+    assert "a world of 2 rank(s) leaves hosts empty" in str(stop.value.code)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--lab", "hosts=2,rate=fast"])
+    assert "--lab rate='fast' is not a rate" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["--lab", "hosts=2,ranks-per-host=2", "--world-size", "2,4"])
+    assert "2 hosts x 2 ranks per host is 4 ranks, but the world has 2" in capsys.readouterr().err
+    with pytest.raises(launch.SetupError, match="leaves hosts empty"):
+        launch.start(print, 1, lab="hosts=2", timeout=30)
