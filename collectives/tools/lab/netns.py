@@ -16,6 +16,10 @@ The network, for ``hosts=K``::
 * Teardown kills what still runs in the namespaces, deletes the veths and the bridge, then the
   namespaces, then the pid file. It runs on normal exit, on an exception, on Ctrl-C and on
   SIGTERM/SIGHUP (turned into SystemExit while a lab is up in the main thread).
+
+torch's store prints "[c10d] The hostname of the client socket cannot be retrieved. err=-3"
+once per connection in a lab: it looks up a name for each peer's address, and no name
+service knows the lab's addresses. It is harmless (the connection is made by address).
 """
 import contextlib
 import ctypes
@@ -120,7 +124,7 @@ def unavailable_reason():
                 with _Owned() as owned:
                     _run("ip", "netns", "add", owned.name("probe"))
                     reason = _tbf_problem(owned.name("probe"))
-            except LabError as exc:
+            except (LabError, OSError) as exc:
                 reason = f"the lab could not create a network namespace: {exc}"
         _reason_cache["reason"] = reason
     return _reason_cache["reason"]
