@@ -30,7 +30,7 @@ from . import desync, observers, reduce_ops, settings, tuning
 from .algorithms import ALGORITHMS
 from .engine import engine
 from .errors import CollectiveError, DesyncError
-from .group import resolve
+from .group import group_info
 from .observers import CallRecord
 from .p2p_communications import Comm
 
@@ -41,7 +41,7 @@ class CallState:
     def __init__(self, collective, group, algorithm):
         self.collective = collective
         self.where = f"collectives.{collective}"
-        info = resolve(group, self.where)
+        info = group_info(group, self.where)
         if algorithm is not None and algorithm not in ALGORITHMS[collective]:
             raise ValueError(f"{self.where}: unknown algorithm={algorithm!r}; valid: "
                              f"{', '.join(ALGORITHMS[collective])}")
@@ -126,7 +126,7 @@ class CallState:
         return self.ranks.index(root)
 
     def op(self, op, dtype):
-        return reduce_ops.resolve(op, dtype, self.where)
+        return reduce_ops.reduction(op, dtype, self.where)
 
     # -- 2. choose -----------------------------------------------------------------
 

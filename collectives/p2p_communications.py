@@ -35,7 +35,7 @@ import zlib
 
 from . import observers, settings
 from .errors import CollectiveError, CollectiveTimeout
-from .group import resolve
+from .group import group_info
 from .observers import Message
 
 # A tag is a 31-bit int: the call's hash above STEP_BITS, the algorithm's step below.
@@ -99,7 +99,7 @@ class Comm:
     """
 
     def __init__(self, group, collective, algorithm, seq=None, description=None, timeout=None):
-        info = resolve(group, f"collectives.{collective}")
+        info = group_info(group, f"collectives.{collective}")
         self.info = info
         self.group = info.transport
         self.ranks = info.ranks
