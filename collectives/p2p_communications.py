@@ -34,6 +34,7 @@ import time
 import zlib
 
 from . import observers, settings
+from .door import Door
 from .errors import CollectiveError, CollectiveTimeout
 from .group import group_info
 from .observers import Message
@@ -78,7 +79,7 @@ class Pending:
         self.entries = []
 
 
-class Comm:
+class Comm(Door):
     """The real door (:class:`collectives.door.Door`): messages between processes for one
     collective call on one group.
 
