@@ -57,7 +57,7 @@ def same_as_one_process(rank, world_size):
     for n, group in groups.items():
         if rank >= n:
             continue
-        for sp in (False, True):
+        for sp in (False, True, "regather"):
             model = ParallelBlock(reference_block(), group, sp)
             train(model, group, sp, STEPS)
             expected = ParallelBlock(reference, group, sp).state_dict()   # the trained reference, cut the same way
@@ -74,11 +74,12 @@ def same_as_one_process(rank, world_size):
 def expected_traffic(n, sequence_parallel):
     """Chapter 17: four collectives of the activation A = S x B x H x e per block and step, each
     sending 2(N-1)/N x A per rank (all_reduce, ring) or (N-1)/N x A (all_gather, reduce_scatter:
-    eight of them); sequence parallel adds one all_reduce of the LayerNorm and bias gradients."""
+    eight of them, ten when the column-parallel inputs are gathered again in backward); sequence parallel adds one all_reduce of the LayerNorm and bias gradients."""
     if n == 1:
         return 0, 0
     a = S * B * H * E
-    sent, messages = 8 * (n - 1) * a // n, 8 * (n - 1)
+    collectives_of_a = 10 if sequence_parallel == "regather" else 8    # regather: 2 all_gathers more
+    sent, messages = collectives_of_a * (n - 1) * a // n, collectives_of_a * (n - 1)
     if sequence_parallel:
         replicated = (2 * H + 2 * H + 2 * H) * E    # ln1, ln2 (weight, bias), attn.out.bias, mlp.fc2.bias
         sent += 2 * (n - 1) * replicated // n
@@ -89,7 +90,7 @@ def expected_traffic(n, sequence_parallel):
 def test_tensor_and_sequence_parallel_train_like_one_process():
     per_rank = run_world(same_as_one_process, 4)
     for rank, results in enumerate(per_rank):
-        assert len(results) == 2 * (4 - rank)
+        assert len(results) == 3 * (4 - rank)
         for (n, sp), (diff, moved, sent, messages, received) in results.items():
             what = f"rank {rank}, group of {n}, sequence_parallel={sp}"
             assert moved > 1e-6, f"{what}: a parameter did not move"

@@ -126,6 +126,27 @@ class _ScatterSequence(torch.autograd.Function):
         return _gather_sequence(grad, ctx.group), None
 
 
+class _GatherLinear(torch.autograd.Function):
+    """Sequence parallel f and the linear in one (``sequence_parallel="regather"``): keep only this
+    rank's shard for backward and all_gather it again there (Megatron's way: activation memory
+    /N, for one more all_gather per column-parallel linear)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.has_bias = group, bias is not None
+        return F.linear(_gather_sequence(x, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        whole = _gather_sequence(x, ctx.group)                  # again: it was not kept
+        grad_x = _scatter_sequence(grad @ weight, ctx.group)
+        grad2d = grad.reshape(-1, grad.shape[-1])
+        grad_w = grad2d.t() @ whole.reshape(-1, whole.shape[-1])
+        return grad_x, grad_w, grad2d.sum(0) if ctx.has_bias else None, None
+
+
 # --- the layers ---------------------------------------------------------------------------------
 
 class ColumnParallelLinear(nn.Module):
@@ -136,8 +157,10 @@ class ColumnParallelLinear(nn.Module):
         in_features, out_features (int): As ``nn.Linear``; ``out_features`` divisible by N.
         bias (bool): A bias, split like the outputs.
         group (ProcessGroup, optional): The tensor-parallel group; None for the world.
-        sequence_parallel (bool): The input is this rank's sequence shard ``(S/N, B, in)``,
-            all-gathered first; else the whole input ``(S, B, in)``, the same on every rank.
+        sequence_parallel (bool or "regather"): The input is this rank's sequence shard
+            ``(S/N, B, in)``, all-gathered first; else the whole input ``(S, B, in)``, the
+            same on every rank. "regather": keep only the shard for backward and gather it
+            again there (activation memory /N; one all_gather more per step).
 
     Example::
 
@@ -169,6 +192,8 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
+        if self.sequence_parallel == "regather":
+            return _GatherLinear.apply(x, self.weight, self.bias, self.group)
         x = (_GatherSequence if self.sequence_parallel else _CopyToParallel).apply(x, self.group)
         return F.linear(x, self.weight, self.bias)
 
