@@ -84,7 +84,8 @@ def expected_traffic(n):
     if n == 1:
         return 0, 0
     c = B * S * H * E // n
-    return (n - 1) * 2 * c + (n - 1) * 4 * c + 2 * c + 2 * (n - 1) * (4 * H * H + 4 * H) * E // n, 2 * n - 1 + 2 * (n - 1)
+    ring = (n - 1) * 2 * c + (n - 1) * 4 * c + 2 * c
+    return ring + 2 * (n - 1) * (4 * H * H + 4 * H) * E // n, 2 * n - 1 + 2 * (n - 1)
 
 
 def test_ring_attention_trains_like_one_process_with_the_derived_traffic():

@@ -74,7 +74,8 @@ def same_as_one_process(rank, world_size):
 def expected_traffic(n, sequence_parallel):
     """Chapter 17: four collectives of the activation A = S x B x H x e per block and step, each
     sending 2(N-1)/N x A per rank (all_reduce, ring) or (N-1)/N x A (all_gather, reduce_scatter:
-    eight of them, ten when the column-parallel inputs are gathered again in backward); sequence parallel adds one all_reduce of the LayerNorm and bias gradients."""
+    eight of them, ten when the column-parallel inputs are gathered again in backward); sequence
+    parallel adds one all_reduce of the LayerNorm and bias gradients."""
     if n == 1:
         return 0, 0
     a = S * B * H * E

@@ -38,6 +38,8 @@ References: M. Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter
 Language Models Using Model Parallelism", 2019; V. Korthikanti et al.,
 "Reducing Activation Recomputation in Large Transformer Models", 2022.
 """
+import copy
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -164,9 +166,9 @@ class ColumnParallelLinear(nn.Module):
 
     Example::
 
-        >>> fc = ColumnParallelLinear.from_linear(nn.Linear(8, 16), group=tp)  # 2 ranks: 8 outputs each
-        >>> fc(x).shape          # x: (S, B, 8)
-        torch.Size([S, B, 8])
+        >>> fc = ColumnParallelLinear.from_linear(nn.Linear(8, 16), group=tp)   # tp: 2 ranks
+        >>> fc(x).shape                                                          # x: (S, B, 8)
+        torch.Size([S, B, 8])   # 8 of the 16 outputs on each rank
     """
 
     def __init__(self, in_features, out_features, bias=True, group=None, sequence_parallel=False, dtype=None):
@@ -256,8 +258,7 @@ class ParallelMLP(nn.Module):
     @classmethod
     def from_mlp(cls, mlp, group=None, sequence_parallel=False):
         """From ``nn.Sequential(nn.Linear(H, F), nn.GELU(), nn.Linear(F, H))`` (see :class:`Block`)."""
-        self = cls.__new__(cls)
-        nn.Module.__init__(self)
+        self = cls(mlp[0].in_features, mlp[0].out_features, group, sequence_parallel, mlp[0].weight.dtype)
         self.fc1 = ColumnParallelLinear.from_linear(mlp[0], group, sequence_parallel)
         self.fc2 = RowParallelLinear.from_linear(mlp[2], group, sequence_parallel)
         return self
@@ -332,7 +333,7 @@ class ParallelBlock(nn.Module):
 
     def __init__(self, block, group=None, sequence_parallel=False):
         super().__init__()
-        self.ln1, self.ln2 = _copy(block.ln1), _copy(block.ln2)
+        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
         if sequence_parallel:
             for p in (*self.ln1.parameters(), *self.ln2.parameters()):
                 p.sequence_parallel = True
@@ -342,12 +343,6 @@ class ParallelBlock(nn.Module):
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
-
-
-def _copy(layer_norm):
-    new = nn.LayerNorm(layer_norm.normalized_shape, layer_norm.eps, dtype=layer_norm.weight.dtype)
-    new.load_state_dict(layer_norm.state_dict())
-    return new
 
 
 def reduce_replicated_grads(module, group=None):

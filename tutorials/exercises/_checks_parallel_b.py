@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from tutorials.exercises._checks import Need, compare, show
+from tutorials.exercises._checks import Need, compare
 
 E = 8   # float64 throughout: tensor-parallel sums are reordered, float64 keeps them within 1e-12
 
