@@ -103,3 +103,19 @@ def test_expert_parallel_trains_like_one_process_with_the_derived_traffic():
                 f"{what}: sent {sent} B in {messages} messages, send={send}, recv={recv}")
             uneven |= n > 2 and len(set(send)) > 1
     assert uneven, "no case had uneven split sizes"
+
+
+def check_errors(rank, world_size):
+    errors = []
+    for bad in (lambda: MoE(H, FFN, top_k=3), lambda: MoE(H, FFN)(torch.zeros(2, 3, H))):
+        try:
+            bad()
+        except ValueError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def test_bad_arguments_are_refused_before_any_message():
+    for errors in run_world(check_errors, 2):
+        assert "top_k must be 1 or 2, got 3" in errors[0]
+        assert "x must be this rank's tokens, (T, hidden), got shape [2, 3, 8]" in errors[1]

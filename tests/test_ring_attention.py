@@ -101,3 +101,19 @@ def test_ring_attention_trains_like_one_process_with_the_derived_traffic():
 def test_shapes_are_checked_before_any_message():
     with pytest.raises(ValueError, match="must share one shape"):
         ring_attention(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 2, 4))
+
+
+def outsider(rank, world_size):
+    only_rank_0 = dist.new_group([0])
+    q = torch.zeros(1, 1, 2, 4)
+    try:
+        ring_attention(q, q, q, group=only_rank_0)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_rank_outside_the_group_is_told_so():
+    ranks = run_world(outsider, 2)
+    assert ranks[0] is None
+    assert "rank 1 is not a member of the group" in ranks[1]

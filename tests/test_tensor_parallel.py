@@ -102,7 +102,9 @@ def test_tensor_and_sequence_parallel_train_like_one_process():
 
 def check_errors(rank, world_size):
     errors = []
-    for make in (lambda: ColumnParallelLinear(4, 3), lambda: ParallelBlock(Block(6, 3, 8))):
+    only_rank_0 = dist.new_group([0])
+    for make in (lambda: ColumnParallelLinear(4, 3), lambda: ParallelBlock(Block(6, 3, 8)),
+                 lambda: ColumnParallelLinear(4, 4, group=only_rank_0)):
         try:
             make()
         except ValueError as exc:
@@ -111,6 +113,8 @@ def check_errors(rank, world_size):
 
 
 def test_sizes_that_do_not_split_are_refused_before_any_message():
-    for errors in run_world(check_errors, 2):
+    per_rank = run_world(check_errors, 2)
+    for errors in per_rank:
         assert "out_features=3 is not divisible by the group size 2" in errors[0]
         assert "heads=3 must be divisible by the group size 2" in errors[1]
+    assert "rank 1 is not a member of the group" in per_rank[1][2]

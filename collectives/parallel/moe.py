@@ -124,6 +124,8 @@ class MoE(nn.Module):
         return self
 
     def forward(self, x):
+        if x.dim() != 2:
+            raise ValueError(f"MoE: x must be this rank's tokens, (T, hidden), got shape {list(x.shape)}")
         gates, experts = route(self.router, x, self.top_k)
         flat = experts.flatten()                              # T*k token copies, token-major
         order = flat.argsort(stable=True)                     # grouped by expert, in token order

@@ -47,6 +47,8 @@ def _ring(group, name, block, visit, moves, overlap):
     the last move carries the second half of the block only (the gradients)."""
     call = CallState(name, group, None)
     call.check_tensor("block", block)
+    if not call.member:
+        raise ValueError(f"collectives.{name}: rank {call.me} is not a member of the group")
     n, r = call.size, call.info.rank
     held = {}
 

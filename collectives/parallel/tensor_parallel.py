@@ -51,7 +51,11 @@ ALGORITHM = "ring"   # all_reduce, all_gather and reduce_scatter: the chapter's 
 
 
 def _shape(group):
-    return dist.get_world_size(group), dist.get_rank(group)
+    """(N, this rank's place in the group); a rank outside the group has no slice to hold."""
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"tensor parallel: rank {dist.get_rank()} is not a member of the group")
+    return dist.get_world_size(group), rank
 
 
 # --- the four operators: identity one way, a collective the other ---------------------------
