@@ -67,8 +67,22 @@ def same_as_one_process(rank, world_size):
             moved = min((got[k] - start[k]).abs().max().item() for k in got)
             with collectives.count_traffic() as t:
                 train(model, group, sp, 1)
-            results[(n, sp)] = (diff, moved, t.sent_bytes, t.sent_messages, t.recv_bytes)
+            results[(n, sp)] = (diff, moved, t.sent_bytes, t.sent_messages, t.recv_bytes, saved_bytes(model, n, sp))
     return results
+
+
+def saved_bytes(model, n, sequence_parallel):
+    """Bytes of the tensors autograd keeps for backward in one forward pass (each counted once)."""
+    x = data(0)[0]
+    x = x.chunk(n)[dist.get_rank()] if sequence_parallel else x
+    kept = {}
+
+    def pack(t):
+        kept[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t.nbytes
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    return sum(kept.values())
 
 
 def expected_traffic(n, sequence_parallel):
@@ -92,12 +106,19 @@ def test_tensor_and_sequence_parallel_train_like_one_process():
     per_rank = run_world(same_as_one_process, 4)
     for rank, results in enumerate(per_rank):
         assert len(results) == 3 * (4 - rank)
-        for (n, sp), (diff, moved, sent, messages, received) in results.items():
+        for (n, sp), (diff, moved, sent, messages, received, kept) in results.items():
             what = f"rank {rank}, group of {n}, sequence_parallel={sp}"
             assert moved > 1e-6, f"{what}: a parameter did not move"
             assert diff < 1e-10, f"{what}: differs from one process by {diff}"
             assert (sent, messages) == expected_traffic(n, sp), f"{what}: sent {sent} B in {messages} messages"
             assert received == sent, what
+        one = per_rank[0][(1, False)][5]      # one process: the group of rank 0 alone
+        for n in range(max(2, rank + 1), 5):         # the groups this rank is in
+            kept = {sp: results[(n, sp)][5] for sp in (False, True, "regather")}
+            # chapter 17: regathered, every activation is cut N ways (the LayerNorms' per-position
+            # statistics aside); tensor parallel keeps whole the inputs of the LayerNorms and linears
+            assert one / n <= kept["regather"] < 1.05 * one / n, (rank, n, kept, one)
+            assert kept["regather"] < kept[True] < kept[False], (rank, n, kept)
 
 
 def check_errors(rank, world_size):
