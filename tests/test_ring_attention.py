@@ -117,3 +117,20 @@ def test_a_rank_outside_the_group_is_told_so():
     ranks = run_world(outsider, 2)
     assert ranks[0] is None
     assert "rank 1 is not a member of the group" in ranks[1]
+
+
+def uneven_chunks(rank, world_size):
+    q = torch.randn(1, 2, 4 + rank, 8, dtype=torch.float64)     # rank 1's chunk is longer: a bug
+    try:
+        ring_attention(q, q, q)
+    except collectives.DesyncError as exc:
+        return str(exc)
+    return None
+
+
+def test_ring_passes_are_calls_through_the_door_desync_check_included():
+    """Each ring pass is a call of the call machinery: with COLLECTIVES_DEBUG=1 ranks that
+    disagree on the chunk are told so, on every rank, before any key moves."""
+    for text in run_world(uneven_chunks, 2, env={"COLLECTIVES_DEBUG": "1"}):
+        assert text and "ranks disagree on call #0" in text
+        assert "rank 1 called ring_attention(shape=[160], dtype=float64, moves=1, algorithm=ring)" in text
