@@ -225,6 +225,9 @@ class RowParallelLinear(nn.Module):
                              f"the group size {n}")
         self.group, self.sequence_parallel = group, sequence_parallel
         local = nn.Linear(in_features // n, out_features, bias=bias, dtype=dtype)
+        with torch.no_grad():   # nn.Linear's init for the whole layer: its fan-in is in_features, not in/N
+            for p in local.parameters():
+                p.uniform_(-in_features ** -0.5, in_features ** -0.5)
         self.weight, self.bias = local.weight, local.bias
         if self.bias is not None and sequence_parallel:
             self.bias.sequence_parallel = True   # its gradient is a sum over the sequence shards
