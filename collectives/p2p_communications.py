@@ -117,6 +117,19 @@ class Comm(Door):
         self.nccl = "nccl" in info.backend
         self.call_tag = call_hash(f"{seq}|{self.description}")
 
+    @property
+    def hosts(self):
+        """The host of each group rank (a tuple of host numbers), or None where nothing says.
+
+        From ``LOCAL_WORLD_SIZE`` (torchrun's L ranks per host, global ranks placed
+        host by host): global rank g sits on host g // L. Every rank of a group
+        computes the same tuple from the same variable, so a topology-aware
+        algorithm (``all_reduce_hierarchical``) agrees on its layout without a
+        message. Read only when an algorithm asks (the others never pay for it).
+        """
+        local = settings.local_world_size()
+        return None if local is None else tuple(g // local for g in self.ranks)
+
     def tag(self, step, nbytes):
         """The message's tag: which call, how many bytes, which step.
 
