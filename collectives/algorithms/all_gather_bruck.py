@@ -38,6 +38,8 @@ IJHPCA 2005, section 3 (MPICH's all-gather for short messages on any N).
 """
 from ._cost import NOTHING, Tally, pieces
 
+AUTO = "measured"   # algorithm=None picks it only where tuning measured it win (collectives.tuning.choice)
+
 
 def distances(n):
     """The steps' distances d = 1, 2, 4, ... < n, each with its run length min(d, n - d)."""

@@ -62,6 +62,8 @@ blog, 2019 (double binary trees in NCCL).
 from ._cost import NOTHING, Tally, pieces
 from ._util import split_bounds
 
+AUTO = "measured"   # algorithm=None picks it only where tuning measured it win (collectives.tuning.choice)
+
 CHUNK_BYTES = 1 << 20
 MAX_CHUNKS = 8
 DEPTH = 2

@@ -71,6 +71,8 @@ intra-node hops on fast links, follow the same idea.
 from ._cost import NOTHING, Tally
 from ._util import split_bounds
 
+AUTO = "measured"   # algorithm=None: the cost model sees no hosts (collectives.tuning.choice)
+
 SEGMENT_BYTES = 1 << 20
 MAX_SEGMENTS = 8
 MAX_STEP = (1 << 14) - 1
@@ -180,22 +182,25 @@ def cost(n, s, item=1, ranks_per_host=None):
 
 
 def time(n, s, alpha, beta, gamma, ranks_per_host=None):
-    """Seconds in the alpha-beta-gamma model, one link speed everywhere: the first
-    segment's whole chain, then one segment's slowest phase per further segment."""
+    """Seconds in the alpha-beta-gamma model, which knows one link speed and no hosts:
+    the three phases over the whole tensor, one after another (inside a host and across
+    hosts the same links, so overlapping them buys nothing here), plus an alpha for each
+    further segment's steps. Its gain comes from fast links inside a host and slow ones
+    between, which this model cannot see: ``algorithm=None`` picks it only from a
+    measured table (``AUTO``)."""
     if n == 1:
         return 0.0
     m = ranks_per_host or n
     k = n // m
     nseg = segments(s, m, k)
-    seg = s / nseg
 
     def ring_rs(p, x):     # a ring reduce-scatter of x bytes over p ranks
         return (p - 1) * (alpha + x / p * beta + x / p * gamma)
 
     def ring_ag(p, x):
         return (p - 1) * (alpha + x / p * beta)
-    phases = [ring_rs(m, seg), ring_rs(k, seg / m) + ring_ag(k, seg / m), ring_ag(m, seg)]
-    return sum(phases) + (nseg - 1) * max(phases)
+    phases = ring_rs(m, s) + ring_rs(k, s / m) + ring_ag(k, s / m) + ring_ag(m, s)
+    return phases + (nseg - 1) * (2 * (m - 1) + 2 * (k - 1)) * alpha
 
 
 def all_reduce(comm, tensor, op, ranks_per_host=None, hosts=None, segment_bytes=None):

@@ -42,6 +42,8 @@ IJHPCA 2005 (MPICH's alltoall for short messages).
 """
 from ._cost import NOTHING, Tally, pieces
 
+AUTO = "never"   # algorithm=None: pieces of one size only, while all_to_all allows uneven ones (collectives.tuning.choice)
+
 
 def moving(n, d):
     """The slots that move at distance ``d``: those whose index has bit ``d`` set."""
