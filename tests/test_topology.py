@@ -240,3 +240,21 @@ def small_world(rank, n):
 @pytest.mark.parametrize("n", [1, 3, 4, 5])
 def test_double_binary_tree_and_hierarchical_small_worlds(n):
     assert run_world(small_world, n, env={"COLLECTIVES_TIMEOUT": "20"}) == [True] * n
+
+
+@pytest.mark.slow     # a fresh world of 4 processes through the launcher: ~40 s on 2 busy cores
+def test_hierarchy_benchmark_reports_the_bytes_over_the_host_links(tmp_path, capsys):
+    """benchmarks/hierarchy.py on one machine in the 2 x 2 shape: results right, and the traced
+    bytes out of the busiest host: S for hierarchical, 1.5 S (host by host) and 3 S
+    (interleaved) for the ring."""
+    import json
+
+    from benchmarks import hierarchy
+    hierarchy.main(["--world-size", "4", "--ranks-per-host", "2", "-b", "64K", "-n", "1", "-w", "0",
+                    "--algorithm", "ring,hierarchical,builtin", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    got = {(r["placement"], r["algorithm"]): (r["link_over_S"], r["wrong"]) for r in rows}
+    assert got == {("host-by-host", "ring"): (1.5, 0), ("host-by-host", "hierarchical"): (1.0, 0),
+                   ("-", "builtin"): (None, 0),
+                   ("interleaved", "ring"): (3.0, 0), ("interleaved", "hierarchical"): (1.0, 0)}
+    assert "| 4 | 2 | 64K | interleaved | hierarchical |" in capsys.readouterr().out
