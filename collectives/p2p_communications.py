@@ -79,6 +79,12 @@ class Pending:
         self.entries = []
 
 
+def hosts_of(ranks):
+    """The host of each of ``ranks`` (global ranks) from ``LOCAL_WORLD_SIZE``, or None when unset."""
+    local = settings.local_world_size()
+    return None if local is None else tuple(g // local for g in ranks)
+
+
 class Comm(Door):
     """The real door (:class:`collectives.door.Door`): messages between processes for one
     collective call on one group.
@@ -127,8 +133,7 @@ class Comm(Door):
         algorithm (``all_reduce_hierarchical``) agrees on its layout without a
         message. Read only when an algorithm asks (the others never pay for it).
         """
-        local = settings.local_world_size()
-        return None if local is None else tuple(g // local for g in self.ranks)
+        return hosts_of(self.ranks)
 
     def tag(self, step, nbytes):
         """The message's tag: which call, how many bytes, which step.

@@ -210,8 +210,13 @@ def refuse_world(rank, n):
     os.environ["LOCAL_WORLD_SIZE"] = "2"        # hosts of 2, 2, 1: does not tile 5 ranks
     with pytest.raises(ValueError, match=r"5 ranks do not tile its hosts \(ranks per host: \[2, 2, 1\]"):
         collectives.all_reduce(torch.ones(8), algorithm="hierarchical")
-    with pytest.raises(ValueError, match="do not tile"):
-        collectives.all_reduce(torch.ones(8), algorithm="hierarchical", async_op=True).wait()
+    with collectives.count_traffic() as traffic, pytest.raises(ValueError, match="do not tile"):
+        collectives.all_reduce(torch.ones(8), algorithm="hierarchical", async_op=True)  # at the call
+    assert traffic.sent_messages == traffic.recv_messages == 0
+    os.environ["LOCAL_WORLD_SIZE"] = "0"
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='0' is not valid"):
+        collectives.all_reduce(torch.ones(8), algorithm="hierarchical")
+    os.environ["LOCAL_WORLD_SIZE"] = "2"
     t = torch.ones(8)
     collectives.all_reduce(t, algorithm="ring")  # nothing was sent: the next call pairs up
     assert torch.equal(t, torch.full((8,), 5.0))

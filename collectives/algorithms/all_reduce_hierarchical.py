@@ -56,17 +56,18 @@ segment, SUM, rank r holds [a_r, b_r, c_r, d_r] (shard 0 = [a, b], shard 1 = [c,
   Over the link between the hosts: 4 quarters each way (S), where a flat ring
   0-1-2-3 sends 6 (1.5 S).
 
-Extra memory: K pieces of S/(KN) (each segment's slot for the pieces received
-across hosts, S/N in all) plus min(K, M-1) shards of S/(KM) (the slots the
-reduce-scatter inside the host receives into).
+Extra memory: with H > 1, K slots of one piece (about S/(KN) each: the pieces
+received across hosts, one slot per segment, S/N in all), plus, with M > 1,
+min(K, M-1) slots of one shard (about S/(KM) each: what the reduce-scatter
+inside the host receives into; M-1 segments are in that phase at once). One
+host, 16 MiB, N = 4: 8 segments, 3 slots of 512 KiB: 1.5 MiB (the ring: 4 MiB).
 
-Reference: the two-level all-reduce of Sanders, Mehlhorn, Dietzfelbinger and
-Dementiev, "Sequential and Parallel Algorithms and Data Structures", 2019,
-section 13.2 (hierarchical collectives); Jia et al., "Highly scalable deep
-learning training system with mixed-precision" (Tencent, 2018) and Horovod's
-``HOROVOD_HIERARCHICAL_ALLREDUCE``: reduce-scatter in the node, all-reduce
-across nodes, all-gather in the node; NCCL's ring and tree, which keep
-intra-node hops on fast links, follow the same idea.
+Reference: Jia et al., "Highly scalable deep learning training system with
+mixed-precision: training ImageNet in four minutes", 2018 (hierarchical
+all-reduce: in the node, across nodes, in the node); Sergeev and Del Balso,
+"Horovod: fast and easy distributed deep learning in TensorFlow", 2018, and
+Horovod's ``HOROVOD_HIERARCHICAL_ALLREDUCE``. The pipelining of the three
+phases over segments is that of the segmented ring (Patarasuk and Yuan, JPDC 2009).
 """
 from ._cost import NOTHING, Tally
 from ._util import split_bounds
@@ -107,6 +108,13 @@ def layout(n, rank, ranks_per_host=None, hosts=None):
         if rank in ranks:
             return members, h, ranks.index(rank)
     raise ValueError(f"hierarchical all_reduce: rank {rank} is not in the group of {n}")
+
+
+def check(n, rank, hosts):
+    """What ``collectives.all_reduce`` asks before any message: ValueError if ``hosts`` (the
+    door's: from ``LOCAL_WORLD_SIZE``) do not tile the group, or need more steps than a tag holds."""
+    members, _, _ = layout(n, rank, hosts=hosts)
+    segments(1, len(members[0]), len(members))
 
 
 def segments(nbytes, m, k, segment_bytes=None):
