@@ -42,7 +42,7 @@ import torch.distributed as dist
 import collectives
 from benchmarks import common
 from collectives import reduce_ops, settings
-from collectives.algorithms import ALGORITHMS, REGISTRY
+from collectives.algorithms import REGISTRY
 from collectives.p2p_communications import Comm
 
 PLACEMENTS = ("host-by-host", "interleaved")
@@ -105,9 +105,7 @@ def parse_args(argv=None):
     for x in args.placements:
         if x not in PLACEMENTS:
             p.error(f"--placement {x!r}: use {' or '.join(PLACEMENTS)}")
-    for a in args.algorithms:
-        if a != "builtin" and a not in ALGORITHMS["all_reduce"]:
-            p.error(f"--algorithm {a!r}: use builtin or one of {', '.join(ALGORITHMS['all_reduce'])}")
+    common.check_algorithms(p, "all_reduce", args.algorithms, extra=("builtin",))
     if args.ranks_per_host is not None and args.ranks_per_host < 1:
         p.error("--ranks-per-host must be 1 or more")
     return common.finish_parsing(p, args)
@@ -118,7 +116,7 @@ def worker(args, rank, n, device):
     if n % per_host:
         raise SystemExit(f"{n} ranks do not fill hosts of {per_host}: give --ranks-per-host")
     hosts = [g // per_host for g in range(n)]
-    red = reduce_ops.resolve(dist.ReduceOp.SUM, torch.float32, "hierarchy")
+    red = reduce_ops.reduction(dist.ReduceOp.SUM, torch.float32, "hierarchy")
     calls = [0]
     rows = []
     for size in args.sizes:
@@ -163,11 +161,9 @@ def worker(args, rank, n, device):
 
 def main(argv=None):
     args = parse_args(argv)
-    meta = common.machine_info("python -m benchmarks.hierarchy", args)
-    results = common.run_worlds(worker, args)
-    if results is None:
+    rows = common.run_and_write("python -m benchmarks.hierarchy", worker, args)
+    if rows is None:
         return
-    rows = [row for _, r in results for row in r]
     print("| N | per host | size | placement | algorithm | time (us) | busbw (GB/s) | link/S | vs ring | #wrong |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -175,8 +171,7 @@ def main(argv=None):
               f"| {r['algorithm']} | {r['time_us']:.0f} | {r['busbw_GBps']:.3f} "
               f"| {common.fmt(r['link_over_S'], '.2f')} | {common.fmt(r['vs_ring'], '.2f')} "
               f"| {common.fmt(r['wrong'], 'd')} |")
-    paths = common.write_rows(args.out, "results", rows, meta)
-    print(f"# wrote {', '.join(paths)}")
+    print(f"# wrote {args.out}/results.csv, results.json")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ def expect(n, e):
 
 def check_all_reduce(rank, n, algorithm, **direct):
     """Closed-form sums over SIZES, through the API (or the algorithm itself with ``direct``)."""
-    red = reduce_ops.resolve(dist.ReduceOp.SUM, torch.float64, "test")
+    red = reduce_ops.reduction(dist.ReduceOp.SUM, torch.float64, "test")
     for e in SIZES:
         x = torch.arange(e, dtype=torch.float64) + rank
         if direct:
@@ -162,7 +162,7 @@ def layout_world(rank, n, local):
     if n == 4:
         # ranks interleaved over two hosts (0, 2 and 1, 3): the hierarchy follows the hosts
         check_all_reduce(rank, n, "hierarchical", hosts=[0, 1, 0, 1], segment_bytes=1000)
-        red = reduce_ops.resolve(dist.ReduceOp.SUM, torch.float32, "test")
+        red = reduce_ops.reduction(dist.ReduceOp.SUM, torch.float32, "test")
         out["interleaved"] = across(rank, lambda g: g % 2, lambda: REGISTRY["all_reduce"]["hierarchical"](
             Comm(None, "all_reduce", "hierarchical"), x(), red, hosts=[0, 1, 0, 1]))
         out["interleaved ring"] = across(rank, lambda g: g % 2, lambda: collectives.all_reduce(x(), algorithm="ring"))

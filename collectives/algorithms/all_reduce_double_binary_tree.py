@@ -59,7 +59,7 @@ broadcast, reduction and scan", Parallel Computing 35(12), 2009; Jeaugey,
 "Massively scale your deep learning training with NCCL 2.4", NVIDIA developer
 blog, 2019 (double binary trees in NCCL).
 """
-from ._cost import NOTHING, Tally, pieces
+from ._cost import NOTHING, Tally
 from ._util import split_bounds
 
 AUTO = "measured"   # algorithm=None picks it only where tuning measured it win (collectives.tuning.choice)
