@@ -146,6 +146,8 @@ class CallState:
             try:
                 check(self.size, self.info.rank, hosts_of(self.ranks))
             except ValueError as exc:
+                if self.algorithm is None:   # a measured table's pick that does not fit here
+                    return tuning.rule_of_thumb(self.collective, nbytes, self.size)
                 raise ValueError(f"{self.where}: {exc}") from None
         return algo
 

@@ -10,6 +10,7 @@ ring moves 1.5 S, that a layout that does not tile the group is refused on
 every rank before any message (and the group stays usable); the double binary
 tree's two trees, and its pipeline with many chunks; Bruck's step counts.
 """
+import json
 import os
 
 import pytest
@@ -220,15 +221,27 @@ def refuse_world(rank, n):
     t = torch.ones(8)
     collectives.all_reduce(t, algorithm="ring")  # nothing was sent: the next call pairs up
     assert torch.equal(t, torch.full((8,), 5.0))
-    os.environ["LOCAL_WORLD_SIZE"] = "5"
+    # algorithm=None: a measured table that names hierarchical (COLLECTIVES_TUNING_TABLE, set
+    # by the test) is followed where the hosts fit, and left for the rules of thumb where not
+    from collectives import tuning
+    for local, want in (("2", tuning.rule_of_thumb("all_reduce", 4096, 5)), ("5", "hierarchical")):
+        os.environ["LOCAL_WORLD_SIZE"] = local
+        t = torch.ones(1024)
+        with collectives.trace() as messages:
+            collectives.all_reduce(t)
+        assert torch.equal(t, torch.full((1024,), 5.0))
+        assert {m.algorithm for m in messages.messages} == {want}, (local, messages.messages[:1])
     check_all_reduce(rank, n, "hierarchical")
     os.environ["LOCAL_WORLD_SIZE"] = "1"        # five hosts of one: a ring across hosts
     check_all_reduce(rank, n, "hierarchical", segment_bytes=512)
     return True
 
 
-def test_hierarchical_refuses_uneven_hosts_on_every_rank():
-    assert run_world(refuse_world, 5, env={"COLLECTIVES_TIMEOUT": "20"}) == [True] * 5
+def test_hierarchical_refuses_uneven_hosts_on_every_rank(tmp_path):
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"choices": {"all_reduce": {"5": [[4096, "hierarchical"]]}}}))
+    env = {"COLLECTIVES_TIMEOUT": "20", "COLLECTIVES_TUNING_TABLE": str(table)}
+    assert run_world(refuse_world, 5, env=env) == [True] * 5
 
 
 def small_world(rank, n):
@@ -252,8 +265,6 @@ def test_hierarchy_benchmark_reports_the_bytes_over_the_host_links(tmp_path, cap
     """benchmarks/hierarchy.py on one machine in the 2 x 2 shape: results right, and the traced
     bytes out of the busiest host: S for hierarchical, 1.5 S (host by host) and 3 S
     (interleaved) for the ring."""
-    import json
-
     from benchmarks import hierarchy
     hierarchy.main(["--world-size", "4", "--ranks-per-host", "2", "-b", "64K", "-n", "1", "-w", "0",
                     "--algorithm", "ring,hierarchical,builtin", "--out", str(tmp_path)])
