@@ -23,6 +23,8 @@ Flags as in nccl-tests (``-b -e -f -n -w -c``) and ``benchmarks.sweep``. Ours:
   hierarchical algorithm the true hosts, so it keeps its traffic where it was).
 * ``--algorithm``: all_reduce algorithms to time (default ``ring,hierarchical``),
   and ``builtin`` (torch's own, which renumbering does not reach).
+* ``--segment-bytes``: the hierarchical algorithm's segment size (how finely its
+  three phases overlap).
 
 For each size and placement it prints the time per call (median over ``-n``
 samples of the slowest rank, candidates interleaved: see
@@ -98,6 +100,10 @@ def parse_args(argv=None):
                    help=f"rank placements to compare, of {', '.join(PLACEMENTS)} (default both)")
     p.add_argument("--algorithm", default="ring,hierarchical",
                    help="all_reduce algorithms, and builtin (default ring,hierarchical)")
+    p.add_argument("--segment-bytes", type=common.parse_size, default=None,
+                   help="the hierarchical algorithm's segment size (default its SEGMENT_BYTES, 1M; "
+                        "at most MAX_SEGMENTS segments): fewer, larger segments send fewer messages "
+                        "and overlap less")
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "hierarchy"))
     args = p.parse_args(argv)
     args.placements = [x.strip() for x in args.placement.split(",") if x.strip()]
@@ -130,7 +136,8 @@ def worker(args, rank, n, device):
                     return None
                 calls[0] += 1
                 comm = Comm(None, "all_reduce", algorithm, seq=calls[0])
-                return REGISTRY["all_reduce"][algorithm](Placed(comm, order, hosts), x, red)
+                kw = {"segment_bytes": args.segment_bytes} if algorithm == "hierarchical" else {}
+                return REGISTRY["all_reduce"][algorithm](Placed(comm, order, hosts), x, red, **kw)
 
             cands = {a: (lambda a=a: call(a)) for a in args.algorithms
                      if not (a == "builtin" and placement != args.placements[0])}
