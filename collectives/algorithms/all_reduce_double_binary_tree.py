@@ -112,7 +112,8 @@ def chunks(half_bytes, chunk_bytes=None):
 
 
 def _layout(n, numel, item, chunk_bytes=None):
-    """Chunk bounds of each half, K, the trees' heights and the tag of (t, q, phase, level)."""
+    """(bounds, K, heights): element bounds of the K chunks of each half (bounds[t][q] ..
+    bounds[t][q + 1]), and the height of each tree."""
     halves = split_bounds(numel, 2)
     k = chunks((halves[1] - halves[0]) * item, chunk_bytes)
     bounds = []
@@ -138,21 +139,21 @@ def cost(n, s, item=1):
         return NOTHING
     numel = s // item
     bounds, k, height = _layout(n, numel, item)
-    t_ = Tally(n)
+    tally = Tally(n)
     for r in range(n):
         for t in range(2):
             parent, children = tree(n, r, t)
             d = depth(n, r, t)
             slot = max(bounds[t][q + 1] - bounds[t][q] for q in range(k)) * item
-            t_.allocate(r, len(children) * min(DEPTH, k) * slot)
+            tally.allocate(r, len(children) * min(DEPTH, k) * slot)
             for q in range(k):
                 nbytes = (bounds[t][q + 1] - bounds[t][q]) * item
                 if parent is not None:
-                    t_.message(tag(t, q, True, d, height), r, parent, nbytes)
+                    tally.message(tag(t, q, True, d, height), r, parent, nbytes)
                 for c in children:
-                    t_.message(tag(t, q, False, d, height), r, c, nbytes)
-                    t_.reduce(r, nbytes)
-    return t_.cost()
+                    tally.message(tag(t, q, False, d, height), r, c, nbytes)
+                    tally.reduce(r, nbytes)
+    return tally.cost()
 
 
 def time(n, s, alpha, beta, gamma):
@@ -160,8 +161,7 @@ def time(n, s, alpha, beta, gamma):
     chunk; an inner rank sends three chunks (one up, two down) and folds two per hop time."""
     if n == 1:
         return 0.0
-    numel = s
-    _, k, height = _layout(n, numel, 1)
+    _, k, height = _layout(n, s, 1)
     chunk = s / 2 / k
     hop = alpha + chunk * beta
     return (2 * max(height) + k - 1) * 3 * hop + 2 * (k + max(height)) * chunk * gamma
