@@ -362,6 +362,13 @@ def all_to_all(output_tensor_list: List[torch.Tensor], input_tensor_list: List[t
     if not call.member:
         return None
     algo = call.choose(sum(nbytes(t) for t in input_tensor_list))
+    if algo == "bruck" and any(t.numel() != like.numel()
+                               for t in (*input_tensor_list, *output_tensor_list)):
+        # Bruck forwards pieces through ranks that neither send nor receive them, and those
+        # cannot know an uneven piece's size (algorithm=None never picks bruck)
+        raise ValueError(f"{call.where}: algorithm='bruck' needs pieces of one size (every "
+                         f"input and output tensor with {like.numel()} elements); for uneven "
+                         f"pieces use 'linear' or 'pairwise'")
 
     def body(comm):
         ins = call.inputs(input_tensor_list, output_tensor_list)

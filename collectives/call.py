@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 
 from . import desync, observers, reduce_ops, settings, tuning
-from .algorithms import ALGORITHMS
+from .algorithms import ALGORITHMS, MODULES
 from .engine import engine
 from .errors import CollectiveError, DesyncError
 from .group import group_info
 from .observers import CallRecord
-from .p2p_communications import Comm
+from .p2p_communications import Comm, hosts_of
 
 
 class CallState:
@@ -138,7 +138,18 @@ class CallState:
     # -- 2. choose -----------------------------------------------------------------
 
     def choose(self, nbytes):
-        return self.algorithm or tuning.choose(self.collective, nbytes, self.size)
+        algo = self.algorithm or tuning.choose(self.collective, nbytes, self.size)
+        # an algorithm that needs a layout (hierarchical: whole hosts) refuses one that does
+        # not fit here, at the call, on every rank alike (all derive the same hosts)
+        check = getattr(MODULES[self.collective][algo], "check", None)
+        if check is not None and self.member and self.size > 1:
+            try:
+                check(self.size, self.info.rank, hosts_of(self.ranks))
+            except ValueError as exc:
+                if self.algorithm is None:   # a measured table's pick that does not fit here
+                    return tuning.rule_of_thumb(self.collective, nbytes, self.size)
+                raise ValueError(f"{self.where}: {exc}") from None
+        return algo
 
     # -- 3. buffers ----------------------------------------------------------------
 
