@@ -95,7 +95,7 @@ def test_refusal_without_tbf(monkeypatch):
     reason = lab.unavailable_reason()
     assert "cannot shape a link with tbf" in reason and "modprobe sch_tbf" in reason
     with pytest.raises(launch.SetupError, match="--lab: the kernel cannot shape a link with tbf"):
-        launch.start(print, 2, lab="hosts=2", timeout=30)
+        launch.start_world(print, 2, lab="hosts=2", timeout=30)
     assert _mine() == []
 
 
@@ -229,4 +229,4 @@ def test_launchers_refuse_a_world_that_does_not_fit(tmp_path, capsys):
         sweep.parse_args(["--lab", "hosts=2,ranks-per-host=2", "--world-size", "2,4"])
     assert "2 hosts x 2 ranks per host is 4 ranks, but the world has 2" in capsys.readouterr().err
     with pytest.raises(launch.SetupError, match="leaves hosts empty"):
-        launch.start(print, 1, lab="hosts=2", timeout=30)
+        launch.start_world(print, 1, lab="hosts=2", timeout=30)
