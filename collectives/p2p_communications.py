@@ -80,7 +80,15 @@ class Pending:
 
 
 def hosts_of(ranks):
-    """The host of each of ``ranks`` (global ranks) from ``LOCAL_WORLD_SIZE``, or None when unset."""
+    """The host of each of ``ranks`` (global ranks), or None when unknown.
+
+    In a lab (``--lab``), ``COLLECTIVES_LAB_LAYOUT`` names every rank's host, whatever the
+    placement (interleaved too); otherwise ``LOCAL_WORLD_SIZE`` says how many consecutive
+    ranks share a host, as torchrun places them.
+    """
+    layout = settings.lab_layout()
+    if layout is not None:
+        return tuple(layout[g] for g in ranks)
     local = settings.local_world_size()
     return None if local is None else tuple(g // local for g in ranks)
 

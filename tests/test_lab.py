@@ -230,3 +230,30 @@ def test_launchers_refuse_a_world_that_does_not_fit(tmp_path, capsys):
     assert "2 hosts x 2 ranks per host is 4 ranks, but the world has 2" in capsys.readouterr().err
     with pytest.raises(launch.SetupError, match="leaves hosts empty"):
         launch.start_world(print, 1, lab="hosts=2", timeout=30)
+
+
+def _hierarchical_bytes_over_links(rank, world):
+    """Bytes this rank sent to ranks on other hosts in one hierarchical all_reduce, and its result."""
+    import collectives
+    from collectives.p2p_communications import hosts_of
+    hosts = hosts_of(range(world))
+    x = torch.full((4096,), float(rank + 1))
+    with collectives.trace() as tr:
+        collectives.all_reduce(x, algorithm="hierarchical")
+    sent = sum(m.nbytes for m in tr.messages if m.kind == "send" and hosts[m.dst] != hosts[rank])
+    return hosts, sent, x[0].item()
+
+
+@needs_lab
+def test_hierarchical_follows_an_interleaved_lab():
+    """With ranks interleaved over 2 hosts, the hierarchy groups by the true hosts (the lab's
+    layout), so each host sends S over its link, not the 2 S a block guess would cost."""
+    import collectives
+    if "hierarchical" not in collectives.ALGORITHMS["all_reduce"]:
+        pytest.skip("this version has no hierarchical all_reduce")
+    out = run_in_group(_hierarchical_bytes_over_links, 4, lab="hosts=2,placement=interleaved",
+                       timeout=120, start_method="forkserver", preload=["tests.worlds"],
+                       env={"COLLECTIVES_TIMEOUT": "30"})
+    assert all(o[0] == (0, 1, 0, 1) and o[2] == 10.0 for o in out)
+    per_host = [sum(o[1] for o, h in zip(out, (0, 1, 0, 1)) if h == host) for host in (0, 1)]
+    assert per_host == [4096 * 4, 4096 * 4]          # S = 16 KiB each way
