@@ -245,3 +245,32 @@ def test_the_worlds_line_names_each_world_passed_and_failed():
     assert _worlds_line({1: "pass", 2: "pass", 3: "deadlock", 4: "pass", 5: "deadlock"}) == (
         "Passed on worlds of 1, 2, 4 ranks; failed on 3 (deadlock), 5 (deadlock).")
     assert _worlds_line({3: "traffic"}) == "Passed on no world; failed on 3 (traffic)."
+
+
+def test_numeric_exercises_pass_within_tolerance_and_show_the_first_step(capsys):
+    from tutorials.exercises._numeric import NUMERIC
+    for name, exercise in NUMERIC.items():
+        right, steps = exercise.solve()
+        assert len(steps) >= 2, f"{name}: a worked solution has steps"
+        assert grade(name, right * (1 + exercise.tolerance / 2)).passed, name
+        wrong = grade(name, right * (1 + 3 * exercise.tolerance))
+        assert not wrong.passed and wrong.reason == "wrong"
+        assert f"The worked solution starts:\n  1. {steps[0]}\n" in wrong.text
+        assert steps[1] not in wrong.text, "only the first step is shown"
+    assert not grade("busbw", "lots").passed
+
+
+def test_numeric_answers_are_the_library_s_own_figures():
+    from collectives.tuning import cost_model
+    from tutorials.exercises._numeric import NUMERIC, PARAMS
+    assert NUMERIC["alpha_beta_ring"].solve()[0] == cost_model.predict("all_reduce", "ring", 8, 64 << 20, PARAMS) * 1e3
+    assert NUMERIC["adam_memory"].solve()[0] == 120.0             # 16 bytes x 7.5e9 (the ZeRO paper's example)
+    assert round(NUMERIC["zero2_memory"].solve()[0], 2) == 16.64   # 2 Psi + 14 Psi / 64
+
+
+def test_chapter_13_shows_what_the_grader_prints():
+    chapter = (HERE.parent / "13_communication_arithmetic.md").read_text()
+    shown = chapter.split("$ python -m tutorials.exercises.grade busbw --answer 83.9\n")[1].split("```")[0]
+    run = subprocess.run([sys.executable, "-m", "tutorials.exercises.grade", "busbw", "--answer", "83.9"],
+                         capture_output=True, text=True, timeout=120, cwd=HERE.parent.parent)
+    assert run.returncode == 1 and run.stdout == shown, run.stdout + run.stderr[-2000:]

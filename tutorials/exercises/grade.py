@@ -55,7 +55,7 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from collectives.tools.launch import free_port
-from tutorials.exercises import _checks, _worker
+from tutorials.exercises import _checks, _numeric, _worker
 
 HERE = Path(__file__).resolve().parent
 FULL_WORLDS = (1, 2, 3, 4, 5, 8)
@@ -556,7 +556,8 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
         name (str): The exercise, which is also the function's name, e.g. "all_reduce".
         solution: None (the exercise file ``tutorials/exercises/NAME.py``), a path to a
             ``.py`` file, a module name, or a function (one defined in a notebook works:
-            its source and the imports it uses are written to a temporary file).
+            its source and the imports it uses are written to a temporary file). For a
+            numeric exercise of chapter 13 (``_numeric.NUMERIC``), the number.
         quick (bool): Worlds of 1-4 ranks and fewer cases (seconds, for notebooks and tests).
         hang_seconds (float, optional): How long no rank may make a call before the world is
             declared deadlocked (default 15, or ``GRADER_HANG_SECONDS``).
@@ -571,8 +572,15 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
         >>> grade("all_reduce", "tutorials/exercises/solutions/all_reduce.py", quick=True).passed
         True
     """
+    if name in _numeric.NUMERIC:    # a number to work out by hand (chapter 13): no world to run
+        passed, text = _numeric.grade_number(name, solution)
+        verdict = Verdict(name, passed, "pass" if passed else "wrong", text)
+        if verbose:
+            print(verdict.text)
+        return verdict
     if name not in _checks.CHECKS:
-        raise ValueError(f"no exercise named {name!r}; the exercises are: {', '.join(_checks.CHECKS)}")
+        raise ValueError(f"no exercise named {name!r}; the exercises are: "
+                         f"{', '.join([*_checks.CHECKS, *_numeric.NUMERIC])}")
     check = _checks.CHECKS[name]
     sizes = world_sizes or (QUICK_WORLDS if quick else FULL_WORLDS)
     hang = HANG_SECONDS if hang_seconds is None else hang_seconds
@@ -648,7 +656,9 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Grade an exercise of tutorials/exercises/.")
-    parser.add_argument("name", choices=list(_checks.CHECKS), help="the exercise (the function's name)")
+    parser.add_argument("name", choices=[*_checks.CHECKS, *_numeric.NUMERIC],
+                        help="the exercise (the function's name, or a numeric exercise of chapter 13)")
+    parser.add_argument("--answer", help="your number, for a numeric exercise (chapter 13)")
     parser.add_argument("--solution", help="file defining the function (default: tutorials/exercises/NAME.py)")
     parser.add_argument("--quick", action="store_true", help="worlds of 1-4 ranks and fewer cases")
     parser.add_argument("--hang-seconds", type=float, default=None,
@@ -656,6 +666,11 @@ def main(argv=None):
     parser.add_argument("--worlds", type=lambda text: tuple(int(n) for n in text.split(",")), default=None,
                         help="comma-separated world sizes to run instead (e.g. 2,3)")
     args = parser.parse_args(argv)
+    if args.name in _numeric.NUMERIC:
+        if args.answer is None:
+            print(f"{args.name}: {_numeric.NUMERIC[args.name].question}\nAnswer with --answer NUMBER.")
+            return 1
+        return 0 if grade(args.name, args.answer).passed else 1
     verdict = grade(args.name, args.solution, quick=args.quick, hang_seconds=args.hang_seconds,
                     world_sizes=args.worlds)
     return 0 if verdict.passed else 1
