@@ -258,6 +258,8 @@ def test_numeric_exercises_pass_within_tolerance_and_show_the_first_step(capsys)
         assert f"The worked solution starts:\n  1. {steps[0]}\n" in wrong.text
         assert steps[1] not in wrong.text, "only the first step is shown"
     assert not grade("busbw", "lots").passed
+    unanswered = grade("alpha_beta_ring", None)
+    assert unanswered.reason == "not_written" and unanswered.text.startswith("NOT WRITTEN alpha_beta_ring: no answer")
 
 
 def test_numeric_answers_are_the_library_s_own_figures():

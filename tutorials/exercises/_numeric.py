@@ -151,9 +151,12 @@ NUMERIC = {
 
 
 def grade_number(name, answer):
-    """(passed, text) for ``answer`` to numeric exercise ``name``."""
+    """(passed, text) for ``answer`` to numeric exercise ``name``; passed is None for no answer."""
     ex = NUMERIC[name]
     right, steps = ex.solve()
+    if answer is None:
+        return None, (f"NOT WRITTEN {name}: no answer yet. Question: {ex.question}\n"
+                      f"Work it out ({ex.chapter}), then grade your number ({ex.unit}).")
     try:
         value = float(answer)
     except (TypeError, ValueError):

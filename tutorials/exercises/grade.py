@@ -574,7 +574,8 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
     """
     if name in _numeric.NUMERIC:    # a number to work out by hand (chapter 13): no world to run
         passed, text = _numeric.grade_number(name, solution)
-        verdict = Verdict(name, passed, "pass" if passed else "wrong", text)
+        verdict = Verdict(name, bool(passed), "not_written" if passed is None else "pass" if passed else "wrong",
+                          text)
         if verbose:
             print(verdict.text)
         return verdict
