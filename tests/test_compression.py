@@ -153,3 +153,11 @@ def test_make_rejects_unknown_names():
         make("int8")
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         HalfPrecision(torch.int8)
+
+
+def test_train_refuses_compression_without_buckets(tmp_path):
+    from collectives.train.cli import main
+    with pytest.raises(SystemExit, match="--compression fp16 needs --sync bucketed"):
+        main(["--compression", "fp16", "--sync", "naive", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--powersgd-rank must be at least 1"):
+        main(["--compression", "powersgd", "--powersgd-rank", "0", "--out", str(tmp_path)])
