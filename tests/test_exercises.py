@@ -239,6 +239,9 @@ def test_cycles_of_waits_are_described_as_what_they_are():
         "A cycle of waits (0 -> 1 -> 2 -> 0): rank 0 waits to send to rank 1, rank 1 waits to receive from "
         "rank 2, rank 2 waits to receive from rank 0.")
     assert _cycle_lines(["in dist.recv(src=1) into float32[4]", "returned from all_reduce (case 1)"], [1], 2) == []
+    assert _cycle_lines(["in dist.send(dst=0) of float32[4]"], [], 1) == [
+        "Rank 0 waits to send to rank 0, itself: a rank cannot be both ends of a blocking message. "
+        "Copy locally instead of sending to yourself."]
 
 
 def test_the_worlds_line_names_each_world_passed_and_failed():

@@ -345,6 +345,10 @@ def _cycle_lines(statuses, finished, n):
             break
     if cycle is None:
         return []
+    if len(cycle) == 1:
+        r = cycle[0]
+        return [f"{_wait_words(r, *waits[r]).capitalize()}, itself: a rank cannot be both ends of a blocking "
+                f"message. Copy locally instead of sending to yourself."]
     kinds = {waits[r][0] for r in cycle}
     lowest = cycle.index(min(cycle))
     cycle = cycle[lowest:] + cycle[:lowest]
