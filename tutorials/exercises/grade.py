@@ -641,8 +641,11 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
             else:
                 outcomes[n] = "pass"
         verdict = hard if hard is not None else soft   # a Verdict that failed is falsy
-        if verdict is not None and verdict.reason not in SAME_ON_EVERY_WORLD:
+        if verdict is not None:
             verdict.text += "\n" + _worlds_line(outcomes)
+            skipped = [str(n) for n in sizes if n not in outcomes]
+            if skipped:
+                verdict.text += f" Not run: {', '.join(skipped)} (this mistake is the same on every world)."
         if verdict is None:
             text = (f"PASS {name}: correct in all {counted} cases on worlds of "
                     f"{', '.join(map(str, sizes))} ranks.")
