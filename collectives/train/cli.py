@@ -54,6 +54,10 @@ def parse_args(argv=None):
     p.add_argument("--sync", choices=["naive", "bucketed"], default="bucketed",
                    help="naive: one all_reduce per parameter after backward; bucketed: DDP-style")
     p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--compression", choices=["fp16", "bf16", "powersgd"], default=None,
+                   help="send the gradients compressed (bucketed sync only): fp16/bf16 halve the bytes, "
+                        "powersgd sends rank-r factors with error feedback (default: full precision)")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="r of --compression powersgd")
     p.add_argument("--split", choices=["sampler", "partition"], default="sampler",
                    help="DistributedSampler (reshuffled per epoch) or the tutorial's DataPartitioner")
     p.add_argument("--data-dir", default=None, help="MNIST root (default: $COLLECTIVES_DATA or ./data)")
@@ -83,6 +87,11 @@ def main(argv=None):
     """
     args = parse_args(argv)
     try:
+        if args.compression and args.sync != "bucketed":
+            raise launch.SetupError(f"--compression {args.compression} needs --sync bucketed "
+                                    f"(it compresses DataParallel's buckets)")
+        if args.powersgd_rank < 1:
+            raise launch.SetupError(f"--powersgd-rank must be at least 1, got {args.powersgd_rank}")
         finished = check_resume(args)
         if finished:
             if not launch.under_torchrun() or launch.place()[0] == 0:

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import api, settings
+from ..parallel.compression import make as make_compression
 from ..parallel.data_parallel import DataParallel
 from ..parallel.data_parallel_naive import NaiveDataParallel
 from ..tools import launch
@@ -97,7 +98,9 @@ def train(args, rank, world, device, backend):
     if args.sync == "naive":
         model = NaiveDataParallel(model, algorithm=args.algorithm)
     else:
-        model = DataParallel(model, bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)
+        compression = make_compression(args.compression, getattr(args, "powersgd_rank", 4))
+        model = DataParallel(model, bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm,
+                             compression=None if args.compression is None else compression)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                           weight_decay=args.weight_decay)
     epoch, start, history = 0, 0, []
@@ -114,7 +117,8 @@ def train(args, rank, world, device, backend):
         os.makedirs(args.out, exist_ok=True)
         where = f"resuming at epoch {epoch + 1}, step {start}" if ckpt else "starting"
         print(f"collectives.train: {where}; {world} ranks, backend {backend}, device {device.type}, "
-              f"{args.sync} sync, global batch {args.batch_size} "
+              f"{args.sync} sync{', ' + args.compression + ' gradients' if getattr(args, 'compression', None) else ''}, "
+              f"global batch {args.batch_size} "
               f"({per_rank_batch(args.batch_size, world)} per rank), {steps_per_epoch} steps per epoch",
               flush=True)
 
