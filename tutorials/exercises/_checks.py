@@ -468,3 +468,6 @@ CHECKS = {
     "average_gradients": AverageGradients(),
     "zero1_step": Zero1Step(),
 }
+
+from tutorials.exercises import _checks_parallel  # noqa: E402  (chapters 16 and 18; imports this module's helpers)
+CHECKS.update(_checks_parallel.CHECKS)

@@ -51,7 +51,7 @@ WORLD_SECONDS = float(os.environ.get("GRADER_WORLD_SECONDS", 300))   # all cases
 class Verdict:
     """The grader's answer: ``passed`` (bool), ``text`` (what it printed), ``reason`` (one word).
 
-    ``reason`` is one of "pass", "wrong", "builtin", "traffic", "state",
+    ``reason`` is one of "pass", "wrong", "builtin", "traffic", "state", "schedule",
     "deadlock", "crash", "not_written", "load_error", "died", "slow".
     """
 
@@ -424,6 +424,9 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
                     break
                 counted += 1
                 state = next((o["state"] for o, _ in reports.values() if "state" in o), None)
+                shape = next((o["schedule"] for _, (o, _) in sorted(reports.items()) if "schedule" in o), None)
+                if shape and traffic_fail is None:    # right result, wrong order of work or memory held
+                    traffic_fail = ("schedule", f"FAIL {name}: correct, but {shape} See {check.chapter}.")
                 if state and traffic_fail is None:
                     kept, allowed, total = state
                     traffic_fail = ("state", f"FAIL {name}: correct, but a rank keeps {kept} values of optimizer "
