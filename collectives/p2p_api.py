@@ -17,8 +17,8 @@ beside it: posting a send and a receive with the same peer never deadlocks.
 Everything the door gives a collective comes with it: the call's hash and the
 size in the tag (a receive of the wrong size waits and is explained instead of
 being half-filled), bounded waits, :func:`~collectives.count_traffic` counters and
-:func:`~collectives.trace` records (collective ``"send"``/``"recv"``, algorithm
-``"p2p"``).
+:func:`~collectives.trace` records (messages of collective ``"send_recv"``, algorithm
+``"p2p"``; a call record ``"send"`` or ``"recv"`` around each).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from . import observers
 from .call import CallState, nbytes
 from .engine import Work, engine
 from .observers import CallRecord
-from .p2p_communications import Comm
+from .p2p_communications import MAX_STEP, Comm
 
 
 def send(tensor: torch.Tensor, dst: int, group=None, tag: int = 0) -> None:
@@ -128,13 +128,15 @@ def _post(kind, tensor, peer, group, tag, async_op):
 
     def execute(seq):
         start = time.time()
-        comm = Comm(info, kind, "p2p", seq, description, call.timeout)
+        # one name on both ends, so a trace pairs each send with its receive
+        comm = Comm(info, "send_recv", "p2p", seq, description, call.timeout)
         buf = call.stage(tensor, copy_in=(kind == "send"))
         call.ready()
+        step = tag & MAX_STEP        # the tag, as traces show it (the whole tag is in the description)
         if kind == "send":
-            comm.send(buf.flat, peer_rank, step=0)
+            comm.send(buf.flat, peer_rank, step)
         else:
-            comm.recv(buf.flat, peer_rank, step=0)
+            comm.recv(buf.flat, peer_rank, step)
             buf.done()
             call.ready()
         if observers.watched():

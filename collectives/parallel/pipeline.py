@@ -58,6 +58,7 @@ def one_f_one_b(p, m, s):
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+ACTIVATION, GRADIENT = 0, 1     # message tags (a trace's "step"): forward, backward
 
 
 def bubble_fraction(p, m):
@@ -131,7 +132,7 @@ class PipelineStage:
                     x = micro_batches[i]
                 else:
                     x = torch.empty(self.recv_shape, dtype=self.dtype)
-                    p2p_api.recv(x, self.prev, self.group)
+                    p2p_api.recv(x, self.prev, self.group, tag=ACTIVATION)
                     x.requires_grad_()
                 start = time.time()
                 y = self.module(x)
@@ -141,7 +142,7 @@ class PipelineStage:
                 self.spans.append((me, f"F{i}", start, time.time()))
                 if not self.last:
                     # sent without waiting: the next stage takes it when its schedule gets there
-                    sends.append(p2p_api.isend(y.detach(), self.next, self.group))
+                    sends.append(p2p_api.isend(y.detach(), self.next, self.group, tag=ACTIVATION))
                 held[i] = (x, y)
                 self.peak_held = max(self.peak_held, len(held))
             else:
@@ -149,12 +150,12 @@ class PipelineStage:
                 dy = None
                 if not self.last:
                     dy = torch.empty_like(y)
-                    p2p_api.recv(dy, self.next, self.group)
+                    p2p_api.recv(dy, self.next, self.group, tag=GRADIENT)
                 start = time.time()
                 torch.autograd.backward(y, dy)
                 self.spans.append((me, f"B{i}", start, time.time()))
                 if not self.first:
-                    sends.append(p2p_api.isend(x.grad, self.prev, self.group))
+                    sends.append(p2p_api.isend(x.grad, self.prev, self.group, tag=GRADIENT))
         for work in sends:
             work.wait()
         return total if self.last else None
