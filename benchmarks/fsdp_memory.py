@@ -3,31 +3,28 @@
 Usage::
 
     python -m benchmarks.fsdp_memory                         # 8 layers of 1024x1024, N = 1, 2, 4
-    python -m benchmarks.fsdp_memory --world-size 2,4,8 --layers 16 --width 512
+    python -m benchmarks.fsdp_memory --world-size 2,4,8 --layers 16 --width 512 --no-prefetch
 
 The model is ``--layers`` Linear(width, width) layers (float32), S bytes of parameters,
-trained on a batch of 4 rows per rank (activations are negligible beside the weights).
-Two measures per rank, the largest over ranks shown:
+trained one step on a batch of 4 rows per rank. ``FullyShardedDataParallel`` counts
+the parameter bytes it holds (``param_bytes``: the bytes of its pieces plus the storage
+of every gathered layer, read from the tensors themselves) at every gather; the
+table shows, largest over ranks, what it holds at rest (between steps) and
+at the peak of the step, beside S/N, S/N + one layer and S/N + two layers.
 
-* **parameters held**, counted by ``FullyShardedDataParallel.param_bytes`` at every
-  gather (the bytes of the pieces plus every gathered layer's storage): at rest
-  S/N; at the peak S/N plus the layer computing and, with prefetch, the next one.
-  Printed beside S/N + one layer and S/N + two layers;
-* **resident peak of one step** (the kernel's high-water mark, as
-  ``benchmarks.memory`` measures it: freed large blocks go back to the kernel at once),
-  above the process's resident set before the model was built: FSDP beside a
-  replicated model (every rank the whole model; ``collectives.all_reduce`` of the
-  gradients, as DDP). Both include gradients and the optimizer's (SGD, no state).
+Why not the process's resident set: on a machine shared with other jobs the kernel
+drops clean pages of torch's libraries from a process's resident set whenever memory
+is short, which moved the figure by more than 100 MiB between runs here (the
+high-water mark even fell below the starting point), far more than the model. The
+tensors' own storage sizes do not move.
 """
 import argparse
-import gc
 
 import torch
 import torch.nn as nn
 
 import collectives
 from benchmarks import common
-from benchmarks.memory import _libc, exact_malloc, reset_peak, status_bytes
 from collectives.parallel.fsdp import FullyShardedDataParallel
 
 ROWS = 4
@@ -38,47 +35,20 @@ def layers(args):
     return [nn.Linear(args.width, args.width) for _ in range(args.layers)]
 
 
-def settle():
-    gc.collect()
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-def measure(args, kind, n):
-    settle()
-    before = status_bytes("VmRSS")
-    if kind == "fsdp":
-        model = FullyShardedDataParallel(layers(args), prefetch=not args.no_prefetch)
-    else:
-        model = nn.Sequential(*layers(args))
-    settle()
-    at_rest = status_bytes("VmRSS") - before
-    reset_peak()
-    x = torch.randn(ROWS, args.width)
+def measure(args, n):
+    model = FullyShardedDataParallel(layers(args), prefetch=not args.no_prefetch)
+    rest = model.param_bytes()
+    model.peak_bytes = 0
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    model(x).pow(2).mean().backward()
-    if kind == "replicated":
-        for p in model.parameters():
-            collectives.all_reduce(p.grad)
-            p.grad /= n
+    model(torch.randn(ROWS, args.width)).pow(2).mean().backward()
     opt.step()
-    peak = status_bytes("VmHWM") - before
-    counted = (model.peak_bytes, model.param_bytes()) if kind == "fsdp" else (None, None)
-    del model, opt
-    return at_rest, peak, counted
+    return rest, model.peak_bytes, model.param_bytes()
 
 
 def worker(args, rank, n, device):
-    exact_malloc()
-    measure(args, "fsdp", n)          # warm: connections, allocator, code
-    out = {}
-    for kind in ("replicated", "fsdp"):
-        at_rest, peak, (peak_params, rest_params) = measure(args, kind, n)
-        t = torch.tensor([at_rest, peak, peak_params or 0, rest_params or 0], dtype=torch.float64)
-        collectives.all_reduce(t, op=collectives.ReduceOp.MAX)
-        out[kind] = t.tolist()
-    return out
+    t = torch.tensor(measure(args, n), dtype=torch.float64)
+    collectives.all_reduce(t, op=collectives.ReduceOp.MAX)
+    return t.tolist()
 
 
 def main(argv=None):
@@ -94,14 +64,11 @@ def main(argv=None):
     print(f"# {args.layers} layers of {args.width}x{args.width} float32: S = {s / mib:.1f} MiB, one layer "
           f"{layer / mib:.2f} MiB; prefetch {'off' if args.no_prefetch else 'on'}; MiB, largest over ranks")
     print(f"{'N':>3} {'params at rest':>15} {'S/N':>7} {'params peak':>12} {'S/N+1 layer':>12} "
-          f"{'S/N+2 layers':>13} {'RSS peak FSDP':>14} {'RSS peak replicated':>20}")
-    for n, out in common.run_worlds(worker, args):
-        _, fsdp_peak, peak_params, rest_params = out["fsdp"]
-        _, repl_peak, _, _ = out["replicated"]
+          f"{'S/N+2 layers':>13} {'after the step':>15}")
+    for n, (rest, peak, after) in common.run_worlds(worker, args):
         pieces = -(-(args.width * args.width + args.width) // n) * 4 * args.layers     # S/N, padded
-        print(f"{n:3d} {rest_params / mib:15.2f} {pieces / mib:7.2f} {peak_params / mib:12.2f} "
-              f"{(pieces + layer) / mib:12.2f} {(pieces + 2 * layer) / mib:13.2f} {fsdp_peak / mib:14.1f} "
-              f"{repl_peak / mib:20.1f}")
+        print(f"{n:3d} {rest / mib:15.2f} {pieces / mib:7.2f} {peak / mib:12.2f} "
+              f"{(pieces + layer) / mib:12.2f} {(pieces + 2 * layer) / mib:13.2f} {after / mib:15.2f}")
 
 
 if __name__ == "__main__":

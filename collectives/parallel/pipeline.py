@@ -126,7 +126,8 @@ class PipelineStage:
         held = {}           # micro-batch -> (input, output or loss): what its backward needs
         sends = []          # handles of sends still in flight
         total = 0.0
-        for kind, i in SCHEDULES[schedule](self.num_stages, m, self.stage):
+        order = SCHEDULES[schedule]
+        for kind, i in order(self.num_stages, m, self.stage):
             if kind == "F":
                 if self.first:
                     x = micro_batches[i]
