@@ -157,6 +157,8 @@ class PipelineStage:
                 self.spans.append((me, f"B{i}", start, time.time()))
                 if not self.first:
                     sends.append(p2p_api.isend(x.grad, self.prev, self.group, tag=GRADIENT))
+            # let go of what has been delivered (wait() on a finished send only raises its error)
+            sends = [work for work in sends if not (work.is_completed() and work.wait())]
         for work in sends:
             work.wait()
         return total if self.last else None
