@@ -172,3 +172,21 @@ def test_point_to_point_api():
         assert "cannot message itself" in x["errors"][0]
         assert "out of range" in x["errors"][1]
         assert "tag" in x["errors"][2]
+
+
+def _wrong_size(rank, world_size):
+    try:
+        if rank == 0:
+            p2p_api.send(torch.zeros(4), 1)
+        else:
+            p2p_api.recv(torch.zeros(8), 0)
+    except collectives.CollectiveTimeout as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_receive_of_the_wrong_size_waits_and_is_explained():
+    """The size is in the tag: 16 bytes never fill a 32-byte receive; both sides time out, named."""
+    r = run_world(_wrong_size, 2, env={"COLLECTIVES_TIMEOUT": "2"})
+    assert "timed out after 2 s waiting to send 16 bytes to rank 1" in r[0], r[0]
+    assert "timed out after 2 s waiting to receive 32 bytes from rank 0" in r[1], r[1]
