@@ -85,7 +85,8 @@ def worker(args, rank, p, device):
         for schedule in args.schedule:
             torch.manual_seed(rank)
             stage = PipelineStage(SleepyLayer(args.forward_ms / 1e3 / m), recv_shape=(ROWS // m, WIDTH))
-            samples = [one_step(stage, m, schedule, rank, p) for _ in range(args.warmup_iters + args.iters)][args.warmup_iters:]
+            steps = [one_step(stage, m, schedule, rank, p) for _ in range(args.warmup_iters + args.iters)]
+            samples = steps[args.warmup_iters:]
             rows.append(dict(p=p, m=m, schedule=schedule, step_ms=statistics.median(s[0] for s in samples) * 1e3,
                              bubble=statistics.median(s[1] for s in samples), model=bubble_fraction(p, m),
                              held=stage.peak_held))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List
 
 import torch
 
@@ -47,10 +47,11 @@ def send(tensor: torch.Tensor, dst: int, group=None, tag: int = 0) -> None:
 
     Example::
 
+        >>> from collectives import p2p_api
         >>> if rank == 0:
-        ...     collectives.p2p_api.send(torch.tensor([7.0]), dst=1)
+        ...     p2p_api.send(torch.tensor([7.0]), dst=1)
         >>> if rank == 1:
-        ...     t = torch.zeros(1); collectives.p2p_api.recv(t, src=0); t
+        ...     t = torch.zeros(1); p2p_api.recv(t, src=0); t
         tensor([7.])
     """
     _post("send", tensor, dst, group, tag, async_op=False)

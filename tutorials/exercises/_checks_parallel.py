@@ -269,8 +269,9 @@ class FsdpStep:
         if not isinstance(grads, (list, tuple)) or len(grads) != len(expected):
             return {"ok": False, "lines": [f"returned {type(grads).__name__}, not a list of {len(expected)} "
                                            f"gradient pieces (one per layer)"]}
-        report = _checks().compare([(f"grads[{i}]", e, g.detach() if isinstance(g, torch.Tensor) else torch.full_like(e, math.nan))
-                          for i, (e, g) in enumerate(zip(expected, grads))])
+        got = [g.detach() if isinstance(g, torch.Tensor) else torch.full_like(e, math.nan)
+               for e, g in zip(expected, grads)]
+        report = _checks().compare([(f"grads[{i}]", e, g) for i, (e, g) in enumerate(zip(expected, got))])
         if report["ok"] and layers.peak > 2:
             report["schedule"] = (f"{layers.peak} layers' full parameter vectors were alive at once on rank "
                                   f"{rank}; a fully sharded model holds at most two (the layer computing and "
