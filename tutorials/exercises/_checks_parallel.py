@@ -24,6 +24,21 @@ from collectives.parallel.pipeline import one_f_one_b
 WIDTH = 6
 
 
+def _warm_autograd():
+    """Run one tiny backward. A process's first backward starts autograd's engine, which
+    took 1.5-3.5 s on a busy machine: done here, in ``cases()`` (before a rank reports
+    ready), it is not mistaken for a rank that stopped making progress."""
+    x = torch.ones(1, requires_grad=True)
+    (x * 2).sum().backward()
+
+
+def _progress(text):
+    """Tell the grader this rank is busy in the stage's or the layers' own arithmetic (a
+    busy machine can take seconds over it), so it is not taken for a rank that stopped."""
+    from tutorials.exercises import _worker
+    _worker.set_status(text)
+
+
 def _checks():
     """The grader's helpers (compare, Need), imported when used: _checks imports this module."""
     from tutorials.exercises import _checks
@@ -70,6 +85,7 @@ class Stage:
         self.inputs, self.grads_in = [], []
         layers = [_layer(s, case) for s in range(p)]
         for i in range(m):
+            _progress(f"(grader) computing what micro-batch {i}'s messages must hold")
             x, target = _micro_batch(i, case)
             xs, ys = [x.requires_grad_()], []        # each stage's input (a leaf) and output
             for w, b in layers:
@@ -109,6 +125,7 @@ class Stage:
         Returns the activation to send to the next stage (None on the last stage).
         """
         self.work.append(("F", i))
+        _progress(f"in stage.forward({i})")
         if self.prev is None:
             x = _micro_batch(i, self.case)[0]
         elif not self._match("forward", i, x, self.inputs):
@@ -127,6 +144,7 @@ class Stage:
         Returns the gradient to send to the previous stage (None on the first stage).
         """
         self.work.append(("B", i))
+        _progress(f"in stage.backward({i})")
         if i not in self.held:
             self.problems.append(f"stage {self.rank}: backward({i}) before forward({i}), or twice")
             return None if self.prev is None else self.empty().zero_()
@@ -141,6 +159,7 @@ class Pipeline1F1B:
     chapter = "chapter 16 (tutorials/16_pipeline_parallelism.md)"
 
     def cases(self, n, quick):
+        _warm_autograd()
         ms = (1, n + 1) if quick else (1, max(n - 1, 1), 2 * n + 1)
         return [dict(m=m, rows=3, salt=salt) for salt, m in enumerate(dict.fromkeys(ms))]
 
@@ -235,6 +254,7 @@ class Layers(list):
         fan_in, fan_out = FSDP_LAYERS[i]
 
         def layer(flat, x):
+            _progress(f"in layers[{i}]")
             base = flat._base if flat._base is not None else flat
             if not any(r() is base for r in self.alive):
                 self.alive.append(weakref.ref(base))
@@ -250,6 +270,7 @@ class FsdpStep:
     chapter = "chapter 18 (tutorials/18_fully_sharded.md)"
 
     def cases(self, n, quick):
+        _warm_autograd()
         cases = [dict(rows=4, salt=0)] if quick else [dict(rows=4, salt=0), dict(rows=1, salt=1)]
         return cases
 
@@ -265,6 +286,7 @@ class FsdpStep:
         layers = Layers()
         x, target = _fsdp_batch(rank, case)
         grads = fn(shards, layers, x, target, _fsdp_loss)
+        _progress("(grader) computing the expected gradients")
         expected = self.reference(case, n, rank, pieces)
         if not isinstance(grads, (list, tuple)) or len(grads) != len(expected):
             return {"ok": False, "lines": [f"returned {type(grads).__name__}, not a list of {len(expected)} "
