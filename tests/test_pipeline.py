@@ -11,6 +11,8 @@
   boundary (the formula of chapter 16), counted by ``count_traffic``;
 * 1F1B holds at most p - s micro-batches' activations on stage s; GPipe holds m.
 """
+import time
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -181,6 +183,7 @@ def _wrong_size(rank, world_size):
         else:
             p2p_api.recv(torch.zeros(8), 0)
     except collectives.CollectiveTimeout as exc:
+        time.sleep(3)      # stay: leaving would close the connection under the other rank's wait
         return str(exc)
     return "no error"
 
