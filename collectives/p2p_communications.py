@@ -34,8 +34,9 @@ import time
 import zlib
 
 from . import observers, settings
+from .door import Door
 from .errors import CollectiveError, CollectiveTimeout
-from .group import resolve
+from .group import group_info
 from .observers import Message
 
 # A tag is a 31-bit int: the call's hash above STEP_BITS, the algorithm's step below.
@@ -78,7 +79,13 @@ class Pending:
         self.entries = []
 
 
-class Comm:
+def hosts_of(ranks):
+    """The host of each of ``ranks`` (global ranks) from ``LOCAL_WORLD_SIZE``, or None when unset."""
+    local = settings.local_world_size()
+    return None if local is None else tuple(g // local for g in ranks)
+
+
+class Comm(Door):
     """The real door (:class:`collectives.door.Door`): messages between processes for one
     collective call on one group.
 
@@ -99,7 +106,7 @@ class Comm:
     """
 
     def __init__(self, group, collective, algorithm, seq=None, description=None, timeout=None):
-        info = resolve(group, f"collectives.{collective}")
+        info = group_info(group, f"collectives.{collective}")
         self.info = info
         self.group = info.transport
         self.ranks = info.ranks
@@ -115,6 +122,18 @@ class Comm:
         self.backend = info.backend
         self.nccl = "nccl" in info.backend
         self.call_tag = call_hash(f"{seq}|{self.description}")
+
+    @property
+    def hosts(self):
+        """The host of each group rank (a tuple of host numbers), or None where nothing says.
+
+        From ``LOCAL_WORLD_SIZE`` (torchrun's L ranks per host, global ranks placed
+        host by host): global rank g sits on host g // L. Every rank of a group
+        computes the same tuple from the same variable, so a topology-aware
+        algorithm (``all_reduce_hierarchical``) agrees on its layout without a
+        message. Read only when an algorithm asks (the others never pay for it).
+        """
+        return hosts_of(self.ranks)
 
     def tag(self, step, nbytes):
         """The message's tag: which call, how many bytes, which step.

@@ -26,6 +26,7 @@ VARIABLES = {
     "COLLECTIVES_TUNING_TABLE": ("", "a tuning table algorithm=None reads instead of this machine's"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
+    "LOCAL_WORLD_SIZE": ("", "ranks per host (torchrun sets it): the layout the hierarchical all_reduce uses"),
 }
 
 
@@ -117,6 +118,30 @@ def algorithm_overrides():
 def tuning_table():
     """``COLLECTIVES_TUNING_TABLE``: a table file ``algorithm=None`` reads instead, or None."""
     return _raw("COLLECTIVES_TUNING_TABLE")
+
+
+def local_world_size():
+    """``LOCAL_WORLD_SIZE``: how many ranks share each host, or None when unset.
+
+    torchrun sets it (``--nproc-per-node``), and places global ranks host by host:
+    ranks 0..L-1 on the first host, L..2L-1 on the next, and so on. The
+    ``hierarchical`` all_reduce takes its layout from it. Not a ``COLLECTIVES_*``
+    variable, but read here like one, with the same checks.
+
+    Raises ValueError naming the variable for anything but a positive integer.
+    """
+    value = _raw("LOCAL_WORLD_SIZE")
+    if value is None:
+        return None
+    try:
+        ranks = int(value)
+    except ValueError:
+        ranks = 0
+    if ranks < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE={value!r} is not valid: it must be a positive integer, "
+                         f"the number of ranks on each host (torchrun sets it); unset, every rank "
+                         f"of a group is taken to share one host")
+    return ranks
 
 
 def data_dir(path=None):
