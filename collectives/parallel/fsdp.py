@@ -42,7 +42,7 @@ import torch.nn as nn
 from torch.func import functional_call
 
 from .. import api
-from ..group import resolve
+from ..group import group_info
 
 
 def _alias(t):
@@ -77,7 +77,7 @@ class FullyShardedDataParallel(nn.Module):
 
     def __init__(self, layers, group=None, prefetch=True, algorithm="ring"):
         super().__init__()
-        info = resolve(group, "collectives.parallel.fsdp")
+        info = group_info(group, "collectives.parallel.fsdp")
         self.group, self.prefetch, self.algorithm = group, prefetch, algorithm
         self.world, self.rank = info.size, info.rank
         self.layers = list(layers)      # not submodules: parameters() is the pieces alone

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from .. import p2p_api
-from ..group import resolve
+from ..group import group_info
 
 
 def gpipe(p, m, s):
@@ -88,7 +88,7 @@ class PipelineStage:
     """
 
     def __init__(self, module, recv_shape=None, group=None, dtype=torch.float32):
-        info = resolve(group, "collectives.parallel.pipeline")
+        info = group_info(group, "collectives.parallel.pipeline")
         self.module, self.group, self.dtype = module, group, dtype
         self.stage, self.num_stages = info.rank, info.size
         self.first, self.last = self.stage == 0, self.stage == self.num_stages - 1
