@@ -107,6 +107,22 @@ WRONG_CASES = [
      ["correct, but a rank keeps 25 values of optimizer state where ZeRO-1 keeps about ceil(P/N) = 7",
       "see chapter 10"]),
 ]
+WRONG_CASES += [   # chapters 16 and 18 (tutorials/exercises/_checks_parallel.py)
+    ("pipeline_1f1b", "pipeline_1f1b_gpipe", (3,), "schedule",
+     ["correct, but stage 0 held the activations of 4 micro-batches at once", "at most p - s = 3", "chapter 16"]),
+    ("pipeline_1f1b", "pipeline_1f1b_no_warmup", (3,), "schedule",
+     ["stage 0 of 3 ran F0 B0 F1 B1 F2 B2 F3 B3; 1F1B runs F0 F1 F2 B0 F3 B1 B2 B3", "2 warm-up forwards"]),
+    ("pipeline_1f1b", "pipeline_1f1b_blocking_send", (2,), "deadlock",
+     ["rank 0: in dist.send(dst=1) of float64[3, 6]", "rank 1: in dist.send(dst=0)", "none is receiving"]),
+    ("pipeline_1f1b", "pipeline_1f1b_drain_reversed", (3,), "wrong",
+     ["stage 0: backward(3, ...) was given micro-batch 2's gradient from the next stage",
+      "arrive in the order they were sent"]),
+    ("fsdp_step", "fsdp_step_keeps_layers", (3,), "schedule",
+     ["correct, but 4 layers' full parameter vectors were alive at once", "at most two", "chapter 18"]),
+    ("fsdp_step", "fsdp_step_all_reduce", (3,), "traffic",
+     ["correct, but sends 3648 bytes (rank 0) where fully sharded data parallel with ring collectives sends "
+      "3(N-1)/N x S = 2736 bytes"]),
+]
 
 
 README_EXAMPLES = {"all_reduce_whole_tensor_ring", "send_recv_ring_deadlock"}   # verdicts shown in the README
@@ -166,7 +182,8 @@ def test_an_endless_loop_is_stopped_and_called_stuck(tmp_path):
 
 
 def test_every_wrong_solution_is_tested():
-    tested = {c[1] for c in WRONG_CASES}
+    from tests.test_exercises_parallel_b import WRONG_CASES as PARALLEL_B    # chapters 17 and 19
+    tested = {c[1] for c in WRONG_CASES + PARALLEL_B}
     on_disk = {p.stem for p in WRONG.glob("*.py") if p.stem != "__init__"}
     assert on_disk == tested
 

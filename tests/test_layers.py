@@ -21,7 +21,7 @@ LAYERS = [
     ("interfaces", ["door", "observers", "group"]),
     ("the real door", ["p2p_communications"]),
     ("around the door", ["desync", "engine", "tuning/"]),
-    ("the call path", ["call", "api", "tensor_api"]),
+    ("the call path", ["call", "api", "tensor_api", "p2p_api"]),
     ("built on the collectives", ["backend/", "parallel/", "tools/", "sim/"]),
     ("applications", ["train/", "__init__"]),
 ]

@@ -572,3 +572,5 @@ CHECKS = {
 
 from tutorials.exercises._checks_parallel_b import PARALLEL_B_CHECKS  # noqa: E402  (uses the helpers above)
 CHECKS.update(PARALLEL_B_CHECKS)
+from tutorials.exercises import _checks_parallel  # noqa: E402  (chapters 16 and 18; imports this module's helpers)
+CHECKS.update(_checks_parallel.CHECKS)

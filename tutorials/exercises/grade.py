@@ -68,8 +68,8 @@ WORLD_SECONDS = float(os.environ.get("GRADER_WORLD_SECONDS", 300))   # all cases
 class Verdict:
     """The grader's answer: ``passed`` (bool), ``text`` (what it printed), ``reason`` (one word).
 
-    ``reason`` is one of "pass", "wrong", "changed_input", "builtin", "traffic",
-    "state", "buffer", "deadlock", "crash", "not_written", "load_error", "died", "slow".
+    ``reason`` is one of "pass", "wrong", "changed_input", "builtin", "traffic", "state",
+    "schedule", "buffer", "deadlock", "crash", "not_written", "load_error", "died", "slow".
     """
 
     def __init__(self, name, passed, reason, text):
@@ -614,6 +614,9 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
                     break
                 counted += 1
                 state = next((o["state"] for o, _ in reports.values() if "state" in o), None)
+                shape = next((o["schedule"] for _, (o, _) in sorted(reports.items()) if "schedule" in o), None)
+                if shape and late is None:    # right result, wrong order of work or memory held
+                    late = ("schedule", f"FAIL {name}: correct, but {shape} See {check.chapter}.")
                 if state and late is None:
                     kept, allowed, total = state
                     late = ("state", f"FAIL {name}: correct, but a rank keeps {kept} values of optimizer "
