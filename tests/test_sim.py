@@ -242,3 +242,96 @@ def test_contention_shares_a_link():
     rail = simulate("all_reduce", pairs, 4, 1 << 20, topology=dict(spec, nic="rank"), check=False)
     assert both.time == pytest.approx(2 * (1 << 20) / 1e9)
     assert rail.time == pytest.approx((1 << 20) / 1e9)
+
+
+# ---------------------------------------------------------------- the command
+
+def run_cli(capsys, *argv):
+    from collectives.sim.cli import main
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_rows_json_and_trace(tmp_path, capsys):
+    rows, trace = tmp_path / "rows.json", tmp_path / "trace.json"
+    code, out, err = run_cli(capsys, "--collective", "all_reduce", "--algorithm", "ring,tree",
+                             "--world-size", "4,33", "-b", "4K", "-e", "64K", "-f", "16",
+                             "--topology", "h100-cluster", "--json", str(rows), "--trace", str(trace))
+    assert code == 0, err
+    got = json.loads(rows.read_text())
+    assert len(got) == 2 * 2 * 2 and "fastest: " in out
+    fields = {"collective", "algorithm", "world_size", "bytes", "time_us", "algbw", "busbw",
+              "max_messages_sent", "max_bytes_sent"}
+    assert all(fields <= set(r) for r in got)
+    ring33 = [r for r in got if r["algorithm"] == "ring" and r["world_size"] == 33 and r["bytes"] == 4096][0]
+    want = cost("all_reduce", "ring", 33, 4096, ELEM)
+    assert (ring33["max_messages_sent"], ring33["max_bytes_sent"]) == (2 * 32, want.sent_bytes)
+    assert ring33["busbw"] == pytest.approx(ring33["algbw"] * 2 * 32 / 33)
+    perfetto.check_trace(str(trace))
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--topology", "nowhere"], "unknown topology 'nowhere'"),
+    (["--algorithm", "ring,bogus"], "unknown algorithm 'bogus'"),
+    (["--collective", "all_reduce_ish"], "unknown collective"),
+    (["-b", "64K", "-e", "4K"], "is below -b"),
+    (["--function", "missing.py:all_reduce"], "no file"),
+    (["--collective", "broadcast", "--root", "9", "--world-size", "4"], "--root 9 is out of range"),
+])
+def test_cli_bad_input_is_refused_before_anything_runs(capsys, argv, words):
+    code, out, err = run_cli(capsys, "--world-size", "4", "-b", "4K", "-e", "4K", *argv)
+    assert code == 2 and words in err and out == ""
+
+
+@pytest.mark.parametrize("argv", [["--world-size", "0"], ["-b", "4Q"]])
+def test_cli_bad_numbers_are_refused(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        run_cli(capsys, *argv)
+    assert info.value.code == 2
+
+
+def test_cli_function_file(tmp_path, capsys):
+    good = tmp_path / "mine.py"
+    good.write_text("import torch\n"
+                    "def all_reduce(comm, tensor, op):\n"
+                    "    n, r = comm.size, comm.rank\n"
+                    "    acc = tensor.clone()\n"
+                    "    inbox = torch.empty_like(tensor)\n"
+                    "    for k in range(1, n):\n"
+                    "        comm.sendrecv(tensor, (r + k) % n, inbox, (r - k) % n, k)\n"
+                    "        op.combine(acc, inbox)\n"
+                    "    tensor.copy_(acc)\n"
+                    "def wrong(comm, tensor, op):\n"
+                    "    tensor.add_(1)\n"
+                    "def blocking(comm, tensor, op):\n"
+                    "    comm.send(tensor, (comm.rank + 1) % comm.size, 0)\n"
+                    "    comm.recv(tensor, (comm.rank - 1) % comm.size, 0)\n"
+                    "def two(comm, tensor):\n"
+                    "    pass\n")
+    code, out, err = run_cli(capsys, "--function", f"{good}:all_reduce", "--check", "--world-size", "1,5,12",
+                             "-b", "64", "-e", "4K", "-f", "8")
+    assert code == 0, err
+    assert "every rank's result equals the closed form" in out
+    code, out, err = run_cli(capsys, "--function", f"{good}:wrong", "-c", "1", "--world-size", "3",
+                             "-b", "64", "-e", "64")
+    assert code == 1 and "rank 0, output 0: element 0 is 2.0, expected 6.0" in err
+    code, out, err = run_cli(capsys, "--function", f"{good}:blocking", "--world-size", "6", "-b", "64", "-e", "64")
+    assert code == 3 and "send-send cycle: 0 -> 1 -> 2 -> 3 -> 4 -> 5 -> 0" in err
+    code, out, err = run_cli(capsys, "--function", f"{good}:two", "--world-size", "6", "-b", "64", "-e", "64")
+    assert code == 2 and "does not take the arguments of the all_reduce algorithms" in err
+    broken = tmp_path / "broken.py"
+    broken.write_text("def all_reduce(comm, tensor, op):\n    return (\n")
+    code, out, err = run_cli(capsys, "--function", str(broken), "--world-size", "2", "-b", "64", "-e", "64")
+    assert code == 2 and "does not import: SyntaxError" in err
+
+
+def test_topology_file(tmp_path):
+    path = tmp_path / "two_level.json"
+    path.write_text(json.dumps({"kind": "fat_tree", "ranks_per_leaf": 4, "oversubscription": 2,
+                                "alpha": 1e-6, "bandwidth": 1e9, "gamma": 0}))
+    r = simulate("all_to_all", "pairwise", 16, 16 * 1024, topology=str(path))
+    assert r.time > 0
+    path.write_text(json.dumps({"kind": "fat_tree", "alpha": 1e-6}))
+    with pytest.raises(ValueError, match="needs 'bandwidth'"):
+        simulate("all_reduce", "ring", 4, 64, topology=str(path))
