@@ -207,7 +207,8 @@ class World:
         links, alpha = self.fabric.route(src, dst)
         start = max(self.now, self.send_free[src], self.recv_free[dst])
         self.send_free[src] = self.recv_free[dst] = start + alpha
-        self.at(start + alpha, self.network.start, links, send.nbytes, self._complete, send, recv)
+        heapq.heappush(self.queue, (start + alpha, next(self._seq), self.network.start,
+                                    (links, send.nbytes, self._complete, send, recv)))
 
     def _complete(self, send, recv):
         if self.real_data and recv.tensor.device.type != "meta":
@@ -218,8 +219,8 @@ class World:
         s.sent_bytes += send.nbytes
         r.recv_messages += 1
         r.recv_bytes += recv.nbytes
-        s.steps.add((send.collective, send.step))
-        r.steps.add((recv.collective, recv.step))
+        s.steps.add(send.step)
+        r.steps.add(recv.step)
         if self.watching:
             for end in (send, recv):
                 src, dst = (end.rank, end.peer) if end.kind == "send" else (end.peer, end.rank)
@@ -227,19 +228,24 @@ class World:
                                                  end.nbytes, end.posted, now))
         send.done = recv.done = True
         send.tensor = recv.tensor = None
-        woken = []
-        for end in (send, recv):
-            if end.watched:
-                rank = self.ranks[end.rank]
-                rank.left -= 1
-                if rank.left == 0:
-                    rank.waiting = None
-                    woken.append(rank)
-        for rank in woken:
-            if self.cores is not None or self.fabric.wake:
-                self.at(self._cpu(now, self.fabric.wake), rank.let.switch)
-            else:
-                rank.let.switch()   # on at once: it runs until it waits again, then we are back here
+        # both ends are done before either rank runs on
+        wake_s = s.left == 1 and send.watched
+        wake_r = r.left == 1 and recv.watched
+        if send.watched:
+            s.left -= 1
+        if recv.watched:
+            r.left -= 1
+        if wake_s:
+            self._wake(s, now)
+        if wake_r:
+            self._wake(r, now)
+
+    def _wake(self, rank, now):
+        rank.waiting = None
+        if self.cores is not None or self.fabric.wake:
+            self.at(self._cpu(now, self.fabric.wake), rank.let.switch)
+        else:
+            rank.let.switch()   # on at once: it runs until it waits again, then we are back here
 
     def wait(self, rank, ends):
         left = [e for e in ends if not e.done]
@@ -273,22 +279,22 @@ class SimDoor:
         self.collective, self.algorithm = collective, algorithm
 
     def post(self, step, sends=(), recvs=()):
-        world = self.world
-        world.ranks[self.rank].where = (step, "post")
-        return SimPending(world, self.rank, world.post(self.rank, step, sends, recvs,
-                                                       self.collective, self.algorithm))
+        return SimPending(self.world, self.rank, self.world.post(self.rank, step, sends, recvs,
+                                                                 self.collective, self.algorithm))
 
     def exchange(self, step, sends=(), recvs=()):
-        self.post(step, sends, recvs).wait()
+        ends = self.world.post(self.rank, step, sends, recvs, self.collective, self.algorithm)
+        if ends:
+            self.world.wait(self.rank, ends)
 
     def send(self, tensor, peer, step):
-        self.exchange(step, sends=[(tensor, peer)])
+        self.exchange(step, sends=((tensor, peer),))
 
     def recv(self, tensor, peer, step):
-        self.exchange(step, recvs=[(tensor, peer)])
+        self.exchange(step, recvs=((tensor, peer),))
 
     def sendrecv(self, send_tensor, dst, recv_tensor, src, step):
-        self.exchange(step, sends=[(send_tensor, dst)], recvs=[(recv_tensor, src)])
+        self.exchange(step, ((send_tensor, dst),), ((recv_tensor, src),))
 
 
 class ChargedOp:
