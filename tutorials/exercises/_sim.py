@@ -64,7 +64,9 @@ class SimAllReduce:
                 except sim.SimulationError as exc:
                     cause = exc.__cause__
                     if isinstance(cause, NotImplementedError):
-                        return False, "not_written", f"NOT WRITTEN {name}: {shown} still raises NotImplementedError."
+                        return False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises "
+                                                      f"NotImplementedError. Write its body (the docstring "
+                                                      f"says what to build), then grade it again.")
                     text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__, limit=-3))
                     return False, "crash", f"FAIL {name}: {exc} with {where}:\n{text}"
                 if r.wrong is not None:
