@@ -211,7 +211,7 @@ class World:
                                     (links, send.nbytes, self._complete, send, recv)))
 
     def _complete(self, send, recv):
-        if self.real_data and recv.tensor.device.type != "meta":
+        if self.real_data and not recv.tensor.is_meta:
             recv.tensor.copy_(send.tensor)
         now = self.now
         s, r = self.ranks[send.rank], self.ranks[recv.rank]
@@ -306,9 +306,9 @@ class ChargedOp:
         self.op, self.name, self.fn, self.average = red.op, red.name, red.fn, red.average
 
     def combine(self, acc, x):
-        if acc.device.type != "meta":
+        if not acc.is_meta:
             self.red.combine(acc, x)
-        self.world.compute(self.rank, acc.numel() * acc.element_size())
+        self.world.compute(self.rank, acc.nbytes)
         return acc
 
 
