@@ -42,13 +42,20 @@ class Network:
         flow = Flow(links, nbytes, (done, args))
         flow.last = now
         active = self.active
-        if not any(link in active for link in links):
+        for link in links:
+            if link in active:
+                break
+        else:
             # the common case (a ring on a switch): alone on every link, nobody else to slow down
+            rate = None
             for link in links:
                 active[link] = {flow}
-            flow.rate = min(self.capacity[link] for link in links)
+                cap = self.capacity[link]
+                if rate is None or cap < rate:
+                    rate = cap
+            flow.rate = rate
             flow.version = 1
-            self.world.at(now + nbytes / flow.rate, self._finish, flow, 1)
+            self.world.at(now + nbytes / rate, self._finish, flow, 1)
             return
         touched = self._settle(links, now)
         for link in links:
@@ -88,7 +95,8 @@ class Network:
             if not on:
                 del self.active[link]
         flow.version += 1
-        if any(link in self.active for link in links):
-            self._reschedule(self._settle([link for link in links if link in self.active], now), now)
+        shared = [link for link in links if link in self.active]
+        if shared:
+            self._reschedule(self._settle(shared, now), now)
         done, args = flow.done
         done(*args)

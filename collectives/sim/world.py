@@ -24,7 +24,6 @@ import heapq
 import itertools
 
 import greenlet
-import torch
 
 from .. import observers
 from ..observers import Message
@@ -39,14 +38,13 @@ class SimulationError(RuntimeError):
 class End:
     """One end of a message: a posted send or receive."""
     __slots__ = ("kind", "rank", "peer", "step", "nbytes", "tensor", "posted", "done", "watched",
-                 "other", "collective", "algorithm")
+                 "collective", "algorithm")
 
     def __init__(self, kind, rank, peer, step, nbytes, tensor, posted, collective, algorithm):
         self.kind, self.rank, self.peer, self.step = kind, rank, peer, step
         self.nbytes, self.tensor, self.posted = nbytes, tensor, posted
         self.collective, self.algorithm = collective, algorithm
         self.done = self.watched = False
-        self.other = None
 
     def key(self):
         src, dst = (self.rank, self.peer) if self.kind == "send" else (self.peer, self.rank)
@@ -54,7 +52,7 @@ class End:
 
 
 class Rank:
-    __slots__ = ("id", "let", "waiting", "left", "finished", "end_time", "where", "error",
+    __slots__ = ("id", "let", "waiting", "left", "finished", "end_time", "error",
                  "sent_messages", "sent_bytes", "recv_messages", "recv_bytes", "reduced_bytes", "steps")
 
     def __init__(self, i):
@@ -64,7 +62,6 @@ class Rank:
         self.left = 0
         self.finished = False
         self.end_time = 0.0
-        self.where = ("", "")
         self.error = None
         self.sent_messages = self.sent_bytes = self.recv_messages = self.recv_bytes = 0
         self.reduced_bytes = 0
@@ -202,7 +199,6 @@ class World:
 
     def _match(self, a, b):
         send, recv = (a, b) if a.kind == "send" else (b, a)
-        send.other, recv.other = recv, send
         src, dst = send.rank, recv.rank
         links, alpha = self.fabric.route(src, dst)
         start = max(self.now, self.send_free[src], self.recv_free[dst])
@@ -311,6 +307,3 @@ class ChargedOp:
         self.world.compute(self.rank, acc.nbytes)
         return acc
 
-
-def is_meta(t):
-    return isinstance(t, torch.Tensor) and t.device.type == "meta"

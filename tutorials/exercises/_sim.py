@@ -43,7 +43,6 @@ class SimAllReduce:
 
     def grade(self, name, source, shown, quick=False, world_sizes=None):
         """(passed, reason, text)."""
-        import torch
         from collectives import sim
         from collectives.sim.collective import busbw_factor
         from collectives.tuning import cost_model
