@@ -106,6 +106,12 @@ WRONG_CASES = [
     ("zero1_step", "zero1_full_state", (4,), "state",
      ["correct, but a rank keeps 25 values of optimizer state where ZeRO-1 keeps about ceil(P/N) = 7",
       "see chapter 10"]),
+    ("sim_all_reduce", "sim_all_reduce_blocking", (2,), "deadlock",
+     ["deadlock with 2 rank(s)", "send-send cycle: 0 -> 1 -> 0", "rank 0: all_reduce/sim_all_reduce step 0 "
+      "waits to send 4 B to rank 1", "See chapter 14"]),
+    ("sim_all_reduce", "sim_all_reduce_whole_tensor", (3,), "slow",
+     ["correct in all 4 cases, but too slow at scale", "at 64 ranks, 64 MiB on ethernet-100g: 3% of the ring",
+      "Send pieces of S/N"]),
 ]
 WRONG_CASES += [   # chapters 16 and 18 (tutorials/exercises/_checks_parallel.py)
     ("pipeline_1f1b", "pipeline_1f1b_gpipe", (3,), "schedule",

@@ -558,6 +558,8 @@ def state_numel(obj):
     return 0
 
 
+from tutorials.exercises._sim import SimAllReduce  # noqa: E402  (graded in the simulator, chapter 14)
+
 CHECKS = {
     "send_recv_ring": SendRecvRing(),
     "broadcast": Broadcast(),
@@ -568,6 +570,7 @@ CHECKS = {
     "all_to_all": AllToAll(),
     "average_gradients": AverageGradients(),
     "zero1_step": Zero1Step(),
+    "sim_all_reduce": SimAllReduce(),
 }
 
 from tutorials.exercises._checks_parallel_b import PARALLEL_B_CHECKS  # noqa: E402  (uses the helpers above)

@@ -587,6 +587,12 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
         raise ValueError(f"no exercise named {name!r}; the exercises are: "
                          f"{', '.join([*_checks.CHECKS, *_numeric.NUMERIC])}")
     check = _checks.CHECKS[name]
+    if getattr(check, "simulated", False):   # run in collectives.sim, not in worlds of processes
+        source, shown, tmp = resolve(name, solution)
+        verdict = Verdict(name, *check.grade(name, source, shown, quick, world_sizes))
+        if verbose:
+            print(verdict.text)
+        return verdict
     sizes = world_sizes or (QUICK_WORLDS if quick else FULL_WORLDS)
     hang = HANG_SECONDS if hang_seconds is None else hang_seconds
     source, shown, tmp = resolve(name, solution)
