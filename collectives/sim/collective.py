@@ -206,7 +206,7 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
     item = torch.empty(0, dtype=dtype).element_size()
     e = elements(collective, int(nbytes), n, item)
     size = call_bytes(collective, e, n, item)
-    red = reduce_ops.resolve(op, dtype, f"collectives.sim {collective}") if collective in REDUCING else None
+    red = reduce_ops.reduction(op, dtype, f"collectives.sim {collective}") if collective in REDUCING else None
     check = device != "meta" if check is None else check
     world = World(fabric, real_data=device != "meta")
     outputs = [None] * n
