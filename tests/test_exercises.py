@@ -119,7 +119,7 @@ WRONG_CASES += [   # chapters 16 and 18 (tutorials/exercises/_checks_parallel.py
     ("pipeline_1f1b", "pipeline_1f1b_no_warmup", (3,), "schedule",
      ["stage 0 of 3 ran F0 B0 F1 B1 F2 B2 F3 B3; 1F1B runs F0 F1 F2 B0 F3 B1 B2 B3", "2 warm-up forwards"]),
     ("pipeline_1f1b", "pipeline_1f1b_blocking_send", (2,), "deadlock",
-     ["rank 0: in dist.send(dst=1) of float64[3, 6]", "rank 1: in dist.send(dst=0)", "none is receiving"]),
+     ["rank 0: in dist.send(dst=1) of float64[3, 6]", "rank 1: in dist.send(dst=0)", "A send-send cycle: ranks 0 and 1 each wait to send to the other"]),
     ("pipeline_1f1b", "pipeline_1f1b_drain_reversed", (3,), "wrong",
      ["stage 0: backward(3, ...) was given micro-batch 2's gradient from the next stage",
       "arrive in the order they were sent"]),
