@@ -302,3 +302,13 @@ def test_chapter_13_shows_what_the_grader_prints():
     run = subprocess.run([sys.executable, "-m", "tutorials.exercises.grade", "busbw", "--answer", "83.9"],
                          capture_output=True, text=True, timeout=120, cwd=HERE.parent.parent)
     assert run.returncode == 1 and run.stdout == shown, run.stdout + run.stderr[-2000:]
+
+
+def test_the_librarys_own_modules_are_switched_off_too(tmp_path):
+    """A solution that reaches our collectives through ``collectives.api`` (not the package's
+    top-level names) is caught like one that calls the built-in."""
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text("from collectives import api\n\n\ndef all_reduce(tensor, group=None):\n"
+                      "    api.all_reduce(tensor, group=group)\n")
+    verdict = grade("all_reduce", str(sneaky), quick=True, world_sizes=(2,), hang_seconds=10)
+    assert not verdict.passed and verdict.reason == "builtin", verdict.text

@@ -192,11 +192,14 @@ def patch():
                 setattr(module, name, _forbidden(name, "dist"))
     try:
         import collectives
+        from collectives import api, tensor_api
     except ImportError:
         return
-    for name in LIBRARY:
-        if hasattr(collectives, name):
-            setattr(collectives, name, _forbidden(name, "collectives"))
+    # the library's collectives by every name they are reachable under, not only the package's
+    for module in (collectives, api, tensor_api):
+        for name in LIBRARY:
+            if hasattr(module, name):
+                setattr(module, name, _forbidden(name, "collectives"))
 
 
 def load(source, name):
