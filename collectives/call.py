@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import desync, observers, reduce_ops, settings, tuning
+from .tuning import agreed
 from .algorithms import ALGORITHMS
 from .engine import engine
 from .errors import CollectiveError, DesyncError
@@ -131,7 +132,23 @@ class CallState:
     # -- 2. choose -----------------------------------------------------------------
 
     def choose(self, nbytes):
-        return self.algorithm or tuning.choose(self.collective, nbytes, self.size)
+        """The algorithm given, or None: :func:`run` then chooses by ``nbytes`` from the tables
+        every member agreed on (:mod:`collectives.tuning.agreed`), when the call runs.
+
+        ``nbytes`` must be the same on every member (the call's total, never this rank's share);
+        None where no rank knows it (an all_to_all's pieces may differ per rank): the choice
+        then depends on the group's size alone.
+        """
+        self.choice_bytes = nbytes
+        return self.algorithm
+
+    def agreed_choice(self):
+        """``algorithm=None``'s pick, from the group's agreed tables (waits, at the group's first
+        call, for group rank 0 to publish them: only where the call itself would wait for it)."""
+        if self.size < 2:
+            return tuning.choose(self.collective, self.choice_bytes or 0, self.size)
+        return tuning.choose(self.collective, self.choice_bytes or 0, self.size,
+                             agreed.tables_of(self.info, self.timeout))
 
     # -- 3. buffers ----------------------------------------------------------------
 
@@ -207,10 +224,15 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
     compares them before any data moves.
     """
     info, collective = call.info, call.collective
-    description = desync.describe(collective, algo, fields)
     check_first = desync.enabled()
+    if info.rank == 0 and call.size > 1:
+        agreed.tables_of(info, call.timeout)  # group rank 0 publishes its tables at its first call (no wait)
 
     def execute(seq):
+        nonlocal algo
+        if algo is None:  # algorithm=None: chosen here, in issue order, from the group's agreed tables
+            algo = call.agreed_choice()
+        description = desync.describe(collective, algo, fields)
         start = time.time()
         profiling = torch.autograd._profiler_enabled()
         with (torch.profiler.record_function(f"collectives.{collective}({algo})") if profiling
@@ -235,7 +257,7 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
             observers.report_call(CallRecord(collective, algo, seq, tuple(call.ranks), info.rank, nbytes,
                                              start, time.time()))
         return outputs
-    work = engine().submit(execute, f"{collective}({algo})", async_op, info.key)
+    work = engine().submit(execute, f"{collective}({algo or 'automatic'})", async_op, info.key)
     return work if async_op else None  # blocking calls return None, as torch's do
 
 
