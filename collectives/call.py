@@ -30,7 +30,7 @@ from . import desync, observers, reduce_ops, settings, tuning
 from .tuning import agreed
 from .algorithms import ALGORITHMS
 from .engine import engine
-from .errors import CollectiveError, DesyncError
+from .errors import CollectiveError, CollectiveTimeout, DesyncError
 from .group import resolve
 from .observers import CallRecord
 from .p2p_communications import Comm
@@ -231,7 +231,12 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
     def execute(seq):
         nonlocal algo
         if algo is None:  # algorithm=None: chosen here, in issue order, from the group's agreed tables
-            algo = call.agreed_choice()
+            try:
+                algo = call.agreed_choice()
+            except TimeoutError as exc:   # group rank 0 never reached its first call on this group
+                comm = Comm(info, collective, "automatic", seq, desync.describe(collective, "automatic", fields),
+                            call.timeout)
+                raise desync.explain_timeout(comm, CollectiveTimeout(str(exc), info.ranks[0], comm)) from None
         description = desync.describe(collective, algo, fields)
         start = time.time()
         profiling = torch.autograd._profiler_enabled()
@@ -257,7 +262,7 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
             observers.report_call(CallRecord(collective, algo, seq, tuple(call.ranks), info.rank, nbytes,
                                              start, time.time()))
         return outputs
-    work = engine().submit(execute, f"{collective}({algo or 'automatic'})", async_op, info.key)
+    work = engine().submit(execute, f"{collective}({algo or 'automatic'})", async_op, info.key, info.transport)
     return work if async_op else None  # blocking calls return None, as torch's do
 
 

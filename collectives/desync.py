@@ -173,6 +173,26 @@ def _grace(timeout):
     return min(10.0, max(2.0, 0.2 * timeout))
 
 
+def _lost(info, comm, peer, me):
+    """The rank this group lost first: the one named in the group's notice, or ``peer`` (whose
+    connection just closed), written as the notice if there was none. None if the store does
+    not answer within a second or two (its host, usually rank 0, is most likely the dead one)."""
+    key = f"collectives/lost/{info.key}"
+    mine = json.dumps({"rank": peer, "seen_by": me, "seq": comm.seq})
+    found = []
+
+    def ask():
+        try:
+            # first writer wins: every survivor reads the same notice
+            found.append(json.loads(info.store.compare_set(key, "", mine))["rank"])
+        except Exception:
+            pass
+    helper = threading.Thread(target=ask, daemon=True, name="collectives-lost")
+    helper.start()
+    helper.join(2.0)
+    return found[0] if found else None
+
+
 def explain_timeout(comm, exc):
     """Turn a timeout inside a call (or a peer that hung up after its own timeout)
     into the error that says what really happened.
@@ -187,6 +207,17 @@ def explain_timeout(comm, exc):
     if info.store is None or comm.seq is None:
         return exc
     me = comm.ranks[comm.rank]
+    if "closed the connection" in str(exc) and exc.peer is not None:
+        # A connection closed: a rank died, or a survivor that lost one ended. Its notice
+        # names the dead rank at once, with no grace spent waiting for a rank that is gone.
+        lost = _lost(info, comm, exc.peer, me)
+        if lost is not None:
+            via = (f" This rank lost rank {exc.peer}, which had lost rank {lost} and ended."
+                   if lost != exc.peer else "")
+            return CollectiveError(
+                f"collectives: rank {lost} of the group {list(info.ranks)} died during call #{comm.seq} "
+                f"{comm.description}: its connections closed (the process exited, crashed or was "
+                f"killed).{via} ({exc})", lost, comm)
     grace = _grace(comm.timeout)
     mine = {"seq": comm.seq, "call": comm.description, "waiting_on": exc.peer}
     prefix = f"collectives/stuck/{info.key}/"

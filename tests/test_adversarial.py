@@ -165,3 +165,171 @@ def test_collectives_algo_that_differs_between_ranks_is_one_clear_error():
         assert "COLLECTIVES_ALGO='all_reduce:ring'" in text and \
             "COLLECTIVES_ALGO='all_reduce:recursive_doubling'" in text, text
         assert seconds < TIMEOUT, f"took {seconds:.1f} s: the error must come at once"
+
+
+# --- collectives inside future callbacks ----------------------------------------------------
+
+def _callback_cases(rank, through):
+    """name -> a program that issues a collective from inside a future's callback."""
+    if through == "backend":
+        all_reduce = dist.all_reduce
+    else:
+        all_reduce = collectives.all_reduce
+
+    def blocking(fut):
+        y = torch.full((2,), 10.0 * (rank + 1))
+        all_reduce(y)
+        return y
+
+    def async_then_wait(fut):
+        y = torch.full((2,), 10.0 * (rank + 1))
+        all_reduce(y, async_op=True).wait()
+        return y
+
+    def async_future(fut):
+        y = torch.full((2,), 10.0 * (rank + 1))
+        return all_reduce(y, async_op=True).get_future().wait()[0]
+    return {"blocking": blocking, "async then wait": async_then_wait, "async future": async_future}
+
+
+def _callback_world(rank, n, through):
+    out = {}
+    for name, callback in _callback_cases(rank, through).items():
+        x = torch.full((3,), float(rank + 1))
+        done = {}
+
+        def run():
+            work = (dist.all_reduce if through == "backend" else collectives.all_reduce)(x, async_op=True)
+            done["value"] = attempt(lambda: done.setdefault("y", work.get_future().then(callback).wait()))
+        start = time.monotonic()
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(TIMEOUT + SLACK)
+        if thread.is_alive():
+            out[name] = ("hung", time.monotonic() - start)
+            break
+        kind, text = done["value"]
+        out[name] = (kind, text) if kind != "ok" else ("ok", done["y"].tolist())
+    return out
+
+
+@pytest.mark.parametrize("through", ["backend", "api"])
+def test_collectives_inside_future_callbacks_complete(through):
+    backend = "collectives" if through == "backend" else "gloo"
+    results = run_world(_callback_world, 2, through, backend=backend, env={"COLLECTIVES_TIMEOUT": str(TIMEOUT)},
+                        timeout=120)
+    for rank, out in enumerate(results):
+        assert out == {name: ("ok", [30.0, 30.0]) for name in ("blocking", "async then wait", "async future")}, \
+            f"rank {rank}: {out}"
+
+
+# --- destroy, init again; one group's destroy; lane threads ---------------------------------
+
+def _reinit_world(rank, n, backend, tmp):
+    """An error that leaves the ranks' call numbers apart, then destroy and init again."""
+    t = torch.ones(4)
+    if rank == 0:   # rank 0's call fails validation: no call number taken
+        attempt(lambda: collectives.all_reduce(t, algorithm="no_such_algorithm"))
+    else:           # rank 1's runs alone and times out
+        attempt(lambda: collectives.all_reduce(t))
+    dist.destroy_process_group()
+    dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=rank, world_size=n)
+    t = torch.full((4,), rank + 1.0)
+    outcome = attempt(lambda: collectives.all_reduce(t))
+    return outcome, t.tolist()
+
+
+@pytest.mark.parametrize("backend", ["gloo", "collectives"])
+def test_destroy_and_init_again_starts_clean_after_an_error(backend, tmp_path):
+    results = run_world(_reinit_world, 2, backend, str(tmp_path), backend=backend,
+                        env={"COLLECTIVES_TIMEOUT": "2"}, timeout=120)
+    for rank, (outcome, t) in enumerate(results):
+        assert outcome == ("ok", ""), f"rank {rank}: {outcome}"
+        assert t == [3.0] * 4
+
+
+def _destroy_one_world(rank, n):
+    """Rank 0 leaves async work pending on group A and destroys group B; rank 1 first enters a
+    world barrier, then does its part on A. Destroying B must not wait for A."""
+    a = dist.new_group([0, 1], backend="collectives")
+    b = dist.new_group([0, 1], backend="collectives")
+    dist.all_reduce(torch.ones(1), group=b)
+    t = torch.full((2,), rank + 1.0)
+    start = time.monotonic()
+    if rank == 0:
+        work = dist.all_reduce(t, group=a, async_op=True)   # waits for rank 1's part
+        dist.destroy_process_group(b)
+        dist.barrier()
+        work.wait()
+    else:
+        dist.destroy_process_group(b)
+        dist.barrier()
+        dist.all_reduce(t, group=a)
+    return t.tolist(), time.monotonic() - start
+
+
+def test_destroying_one_group_waits_only_for_its_own_work():
+    results = run_world(_destroy_one_world, 2, backend="collectives", env={"COLLECTIVES_TIMEOUT": str(TIMEOUT)},
+                        timeout=120)
+    for rank, (t, seconds) in enumerate(results):
+        assert t == [3.0, 3.0], f"rank {rank}: {t}"
+        assert seconds < TIMEOUT, f"rank {rank}: {seconds:.1f} s (waited for another group's work)"
+
+
+def _threads_world(rank, n, through):
+    import gc
+    before = threading.active_count()
+    for _ in range(100):
+        g = dist.new_group([0, 1], backend="collectives" if through == "backend" else "gloo")
+        t = torch.ones(2)
+        work = (dist.all_reduce if through == "backend" else collectives.all_reduce)(t, group=g, async_op=True)
+        work.wait()
+        dist.destroy_process_group(g)
+        del g, work
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return before, threading.active_count()
+
+
+@pytest.mark.parametrize("through", ["backend", "api"])
+def test_destroyed_groups_leave_no_thread(through):
+    results = run_world(_threads_world, 2, through, backend="collectives" if through == "backend" else "gloo",
+                        timeout=180)
+    for rank, (before, after) in enumerate(results):
+        assert after == before, f"rank {rank}: {before} threads before 100 groups, {after} after"
+
+
+# --- a rank killed mid all_reduce -----------------------------------------------------------
+
+def _killed_world(rank, n, algorithm, builtin):
+    from tests.worlds import DEATH_EXIT_CODE
+    t = torch.ones(1 << 12)
+    dist.barrier()
+    if rank == 1:           # dies while the others are inside the all_reduce
+        time.sleep(0.5)
+        os._exit(DEATH_EXIT_CODE)
+    start = time.monotonic()
+    if builtin:
+        kind, text = attempt(lambda: dist.all_reduce(t))
+    else:
+        kind, text = attempt(lambda: collectives.all_reduce(t, algorithm=algorithm))
+    return kind, text, time.monotonic() - start
+
+
+@pytest.mark.parametrize("algorithm", ["naive_ring", "ring", "recursive_doubling", "tree"])
+def test_a_killed_rank_is_named_by_every_survivor_as_soon_as_gloo_knows(algorithm):
+    env = {"COLLECTIVES_TIMEOUT": "60"}   # the deaths must be found by their closed connections
+    gloo = run_world(_killed_world, 3, algorithm, True, env=env, doomed=(1,), timeout=120)
+    ours = run_world(_killed_world, 3, algorithm, False, env=env, doomed=(1,), timeout=120)
+    slowest_gloo = max(r[2] for r in gloo if r is not None)
+    for rank, outcome in enumerate(ours):
+        if rank == 1:
+            continue
+        kind, text, seconds = outcome
+        assert kind in ("CollectiveError", "CollectiveTimeout"), f"rank {rank}: {kind}: {text}"
+        assert "rank 1 of the group" in text and "died" in text, f"rank {rank}: {text}"
+        # the polling interval: the notice in the store is read within about a second
+        assert seconds <= slowest_gloo + 3.0, \
+            f"rank {rank} ({algorithm}): {seconds:.1f} s; gloo's slowest survivor: {slowest_gloo:.1f} s"

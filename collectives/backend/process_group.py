@@ -181,14 +181,18 @@ class CollectivesBackend:
         return list(self._ranks)
 
     def shutdown(self):
-        """Called by ``destroy_process_group``: finish what was issued, then close the transports.
+        """Called by ``destroy_process_group``: finish what was issued on this group, end its
+        lane's thread and forget its call numbers, then close the transports.
 
         Closing them here, in the caller's thread, matters: a gloo group that
         outlives this point is destroyed at interpreter exit with its threads
         still running, and the process aborts ("terminate called without an
         active exception").
         """
-        engine().drain()
+        # this group's work only: another group's may wait for a peer that is itself waiting
+        # in this destroy (torch's gloo completes such a program)
+        engine().close(self._info.key)
+        agreed.forget(self._info.key)
         self.abort()
 
     def abort(self):
