@@ -12,7 +12,7 @@ and rank 0 prints and writes.
 A benchmark is a *worker*: a module-level function ``worker(args, rank, n,
 device)`` that runs on every rank of an initialised process group and returns
 rank 0's results. :func:`run_worlds` starts it (through
-:func:`collectives.tools.launch.launch`) at every world size and hands the results
+:func:`collectives.tools.launch.run_job`) at every world size and hands the results
 back to the launching process.
 
 Example::
@@ -245,7 +245,7 @@ def run_worlds(worker, args):
     """Run ``worker`` at every world size of ``args``; return [(n, rank 0's result)].
 
     Outside torchrun each world is a fresh set of processes started by
-    :func:`collectives.tools.launch.launch`; a failing rank's traceback is printed and
+    :func:`collectives.tools.launch.run_job`; a failing rank's traceback is printed and
     this raises SystemExit(1). Under torchrun the worker runs in this process,
     in torchrun's world, and only rank 0 gets the list (the others get None).
     """
@@ -256,7 +256,7 @@ def run_worlds(worker, args):
     with tempfile.TemporaryDirectory(prefix="collectives-bench-") as tmp:
         for n in args.world_size:
             path = os.path.join(tmp, f"world{n}.pkl")
-            if launch.launch(_entry, n, (worker, args, path)) != 0:
+            if launch.run_job(_entry, n, (worker, args, path)) != 0:
                 raise SystemExit(1)
             with open(path, "rb") as f:
                 out.append((n, pickle.load(f)))
@@ -392,6 +392,29 @@ def machine_info(prog, args=None):
             "python": platform.python_version(), "backend": getattr(args, "backend", "gloo"),
             "device": device, "threads_per_rank": getattr(args, "threads", 1),
             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None}
+
+
+def run_and_write(prog, worker, args, name="results"):
+    """A benchmark's ending: run ``worker`` at every world size, then write every rank 0 row
+    with where and how it was measured. Returns the rows (None on ranks other than 0 under
+    torchrun)."""
+    meta = machine_info(prog, args)
+    results = run_worlds(worker, args)
+    if results is None:
+        return None
+    rows = [r for _, res in results for r in res]
+    write_rows(args.out, name, rows, meta)
+    return rows
+
+
+def check_algorithms(parser, collective, names, extra=()):
+    """Stop with the parser's usage error on an algorithm name ``collective`` does not have."""
+    from collectives import ALGORITHMS
+    valid = set(ALGORITHMS[collective]) | set(extra)
+    unknown = [a for a in names if a not in valid]
+    if unknown:
+        parser.error(f"unknown {collective} algorithm(s) {', '.join(unknown)}; "
+                     f"valid: {', '.join(sorted(valid))}")
 
 
 def write_rows(out_dir, name, rows, meta=None):

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from .algorithms import REGISTRY
-from .call import CallState, copy_local, nbytes, run, shapes
+from .call import CallState, copy_local, nbytes, run, run_in_place, shapes
 from .engine import Work
 from .group import GroupInfo
 
@@ -49,14 +49,9 @@ def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group: Group = No
         return None
     root = call.check_root("src", src, group_src)
     algo = call.choose(nbytes(tensor))
-
-    def body(comm):
-        buf = call.stage(tensor)
-        call.ready()
-        REGISTRY["broadcast"][comm.algorithm](comm, buf.flat, root)
-        return [buf.done()]
-    return run(call, algo, body, async_op, nbytes(tensor), local=lambda: [tensor],
-                src=call.ranks[root], shape=list(tensor.shape), dtype=tensor.dtype)
+    return run_in_place(call, algo, tensor,
+                        lambda comm, flat: REGISTRY["broadcast"][comm.algorithm](comm, flat, root),
+                        async_op, src=call.ranks[root])
 
 
 def reduce(tensor: torch.Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM, group: Group = None,
@@ -134,15 +129,11 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, group: Group =
         return None
     algo = call.choose(nbytes(tensor))
 
-    def body(comm):
-        buf = call.stage(tensor)
-        call.ready()
-        REGISTRY["all_reduce"][comm.algorithm](comm, buf.flat, red)
+    def step(comm, flat):
+        REGISTRY["all_reduce"][comm.algorithm](comm, flat, red)
         if red.average:
-            buf.flat.div_(comm.size)
-        return [buf.done()]
-    return run(call, algo, body, async_op, nbytes(tensor), local=lambda: [tensor],
-                op=red.name, shape=list(tensor.shape), dtype=tensor.dtype)
+            flat.div_(comm.size)
+    return run_in_place(call, algo, tensor, step, async_op, op=red.name)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: Optional[int] = None,
@@ -174,8 +165,7 @@ def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = N
     call.check_tensor("tensor", tensor)
     if not call.member:
         return None
-    root = call.check_root("src", src, group_src, default=0)
-    call.check_root_list("scatter_list", scatter_list, "src", call.ranks[root], "source", tensor)
+    root = call.root_and_list("src", src, group_src, "scatter_list", scatter_list, "source", tensor)
     algo = call.choose(nbytes(tensor) * call.size)
 
     def body(comm):
@@ -220,8 +210,7 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
     call.check_tensor("tensor", tensor)
     if not call.member:
         return None
-    root = call.check_root("dst", dst, group_dst, default=0)
-    call.check_root_list("gather_list", gather_list, "dst", call.ranks[root], "destination", tensor)
+    root = call.root_and_list("dst", dst, group_dst, "gather_list", gather_list, "destination", tensor)
     algo = call.choose(nbytes(tensor) * call.size)
 
     def body(comm):

@@ -34,8 +34,9 @@ import time
 import zlib
 
 from . import observers, settings
+from .door import Door
 from .errors import CollectiveError, CollectiveTimeout
-from .group import resolve
+from .group import group_info
 from .observers import Message
 
 # A tag is a 31-bit int: the call's hash above STEP_BITS, the algorithm's step below.
@@ -78,7 +79,7 @@ class Pending:
         self.entries = []
 
 
-class Comm:
+class Comm(Door):
     """The real door (:class:`collectives.door.Door`): messages between processes for one
     collective call on one group.
 
@@ -99,7 +100,7 @@ class Comm:
     """
 
     def __init__(self, group, collective, algorithm, seq=None, description=None, timeout=None):
-        info = resolve(group, f"collectives.{collective}")
+        info = group_info(group, f"collectives.{collective}")
         self.info = info
         self.group = info.transport
         self.ranks = info.ranks

@@ -23,7 +23,7 @@ import torch
 from torch.distributed import ReduceOp
 
 from . import api
-from .group import resolve
+from .group import group_info
 
 
 def _where(name):
@@ -48,7 +48,7 @@ def _pieces(name, what, t, n, shape_of_piece):
 
 def _group_size(name, group):
     """The group's size, or None on a rank outside it (which returns at once, as torch's do)."""
-    info = resolve(group, _where(name))
+    info = group_info(group, _where(name))
     return info.size if info.member else None
 
 

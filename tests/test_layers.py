@@ -158,3 +158,13 @@ def test_only_the_door_calls_send_and_recv():
                 re.search(r"dist\.(send|recv|isend|irecv|batch_isend_irecv)\(", path.read_text()):
             callers.append(name)
     assert not callers, f"only the door may call send/recv: {callers}"
+
+
+def test_the_real_door_implements_the_interface():
+    from collectives.door import Door, Pending
+    from collectives.p2p_communications import Comm
+    from collectives.p2p_communications import Pending as RealPending
+    assert Door in Comm.__mro__          # declared, not only duck-typed
+    for name in ("post", "exchange", "send", "recv", "sendrecv"):
+        assert callable(getattr(Comm, name)), name
+    assert callable(RealPending.wait) and hasattr(Pending, "wait")

@@ -3,20 +3,20 @@
 Every rank reads its place in the job from the environment torchrun defines
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``). Under ``torchrun`` those are already set;
-otherwise :func:`start` starts the processes and sets them. One implementation
+otherwise :func:`start_world` starts the processes and sets them. One implementation
 serves every caller:
 
-* :func:`start` starts ``world_size`` local processes around a store it
+* :func:`start_world` starts ``world_size`` local processes around a store it
   hosts on a free port (or a valid ``MASTER_PORT``), as torchrun's agent does,
   calls ``fn(*args)`` in each and returns what each
   returned. When a rank raises or dies, the others are stopped (SIGTERM, then
   SIGKILL) and :class:`WorldError` names the rank that caused it, with its
   traceback, once. A hard ``timeout`` kills every process instead of hanging.
   Workers die with the launcher (``PR_SET_PDEATHSIG``), so none is orphaned.
-* :func:`launch`: the command-line form (training, benchmarks): under torchrun
-  it calls ``fn`` in this process; otherwise :func:`start`, the failure report
+* :func:`run_job`: the command-line form (training, benchmarks): under torchrun
+  it calls ``fn`` in this process; otherwise :func:`start_world`, the failure report
   on stderr, and an exit code.
-* :func:`run_in_group`: :func:`start` with each rank already in a process group,
+* :func:`run_in_group`: :func:`start_world` with each rank already in a process group,
   calling ``fn(rank, world_size, *args)``: what demos and tests use.
 * :func:`init_process_group`: inside a rank, join the job and pick the backend
   and device from every rank's host and GPU count (``--backend auto``).
@@ -279,7 +279,7 @@ def _report(errors, first, world_size):
     return cause, text
 
 
-def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", preload=(),
+def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spawn", preload=(),
           expect_exit=None):
     """Start ``world_size`` processes, run ``fn(*args)`` in each; return their results in rank order.
 
@@ -400,7 +400,7 @@ def _stop(procs):
             p.join()
 
 
-def launch(fn, world_size, args=()):
+def run_job(fn, world_size, args=()):
     """Run ``fn(*args)`` on every rank of a command-line job; return the exit code.
 
     Under torchrun ``fn`` runs in this process and its exceptions propagate
@@ -414,14 +414,14 @@ def launch(fn, world_size, args=()):
         fn(*args)
         return 0
     try:
-        start(fn, world_size, *args)
+        start_world(fn, world_size, *args)
     except WorldError as exc:
         print(f"collectives.tools.launch: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def _in_group(fn, backend, threads, args):
+def _rank_in_group(fn, backend, threads, args):
     rank, _, world, _ = place()
     # Every process would otherwise start one thread per core; N processes
     # sharing the cores then mostly wait for each other.
@@ -436,13 +436,13 @@ def _in_group(fn, backend, threads, args):
 
 
 def run_in_group(fn, world_size, *args, backend="gloo", threads=1, **options):
-    """:func:`start` ``world_size`` ranks in a ``backend`` group; each runs ``fn(rank, world_size, *args)``.
+    """:func:`start_world` ``world_size`` ranks in a ``backend`` group; each runs ``fn(rank, world_size, *args)``.
 
-    ``options`` are :func:`start`'s (env, timeout, start_method, preload, expect_exit).
+    ``options`` are :func:`start_world`'s (env, timeout, start_method, preload, expect_exit).
 
     Example::
 
         >>> run_in_group(hello, 2)   # hello(rank, world_size) returns f"rank {rank}"
         ['rank 0', 'rank 1']
     """
-    return start(_in_group, world_size, fn, backend, threads, args, **options)
+    return start_world(_rank_in_group, world_size, fn, backend, threads, args, **options)

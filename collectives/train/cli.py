@@ -82,7 +82,7 @@ def main(argv=None):
                 print(f"collectives.train: {finished}", flush=True)
             return
         if launch.under_torchrun():
-            launch.launch(worker, None, (args, True))
+            launch.run_job(worker, None, (args, True))
             return
         if args.world_size < 1:
             raise launch.SetupError(f"--world-size must be at least 1, got {args.world_size}")
@@ -98,7 +98,7 @@ def main(argv=None):
         lock = acquire_lock(args.out)
         try:
             data_root(args.data_dir, download=True)   # once, before the ranks start
-            code = launch.launch(worker, args.world_size, (args,))
+            code = launch.run_job(worker, args.world_size, (args,))
         finally:
             release_lock(lock)
     except launch.SetupError as exc:

@@ -11,3 +11,4 @@ ones, each graded by the tests to prove the grader's verdicts.
 """
 EXERCISES = ["send_recv_ring", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce",
              "all_to_all", "average_gradients", "zero1_step"]
+EXERCISES += ["tensor_parallel_mlp", "moe_dispatch"]   # chapters 17 and 19

@@ -468,3 +468,6 @@ CHECKS = {
     "average_gradients": AverageGradients(),
     "zero1_step": Zero1Step(),
 }
+
+from tutorials.exercises._checks_parallel_b import PARALLEL_B_CHECKS  # noqa: E402  (uses the helpers above)
+CHECKS.update(PARALLEL_B_CHECKS)
