@@ -333,3 +333,39 @@ def test_a_killed_rank_is_named_by_every_survivor_as_soon_as_gloo_knows(algorith
         # the polling interval: the notice in the store is read within about a second
         assert seconds <= slowest_gloo + 3.0, \
             f"rank {rank} ({algorithm}): {seconds:.1f} s; gloo's slowest survivor: {slowest_gloo:.1f} s"
+
+
+# --- torch's DDP communication hooks ------------------------------------------------------------
+
+def _hooks_world(rank, n, hook_name):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                                        torch.nn.Linear(16, 4)))
+    if hook_name == "powerSGD":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2, min_compression_rate=0.5)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(4):
+        x, y = torch.randn(5, 8, generator=gen), torch.randn(5, 4, generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().reshape(-1).tolist() for p in model.parameters()]   # lists: no shared memory
+
+
+@pytest.mark.parametrize("hook_name", ["powerSGD", "fp16"])
+def test_torchs_ddp_hooks_train_on_our_backend(hook_name):
+    env = {"COLLECTIVES_TIMEOUT": str(TIMEOUT)}
+    ours = run_world(_hooks_world, 2, hook_name, backend="collectives", env=env, timeout=120)
+    gloo = run_world(_hooks_world, 2, hook_name, backend="gloo", env=env, timeout=120)
+    assert ours[0] == ours[1], "the ranks' models differ"
+    for a, b in zip(ours[0], gloo[0]):
+        a, b = torch.tensor(a), torch.tensor(b)
+        # the same steps as on gloo (the sums may round differently: another algorithm)
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
