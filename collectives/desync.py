@@ -214,10 +214,12 @@ def explain_timeout(comm, exc):
         if lost is not None:
             via = (f" This rank lost rank {exc.peer}, which had lost rank {lost} and ended."
                    if lost != exc.peer else "")
-            return CollectiveError(
+            error = CollectiveError(
                 f"collectives: rank {lost} of the group {list(info.ranks)} died during call #{comm.seq} "
                 f"{comm.description}: its connections closed (the process exited, crashed or was "
                 f"killed).{via} ({exc})", lost, comm)
+            error.culprit = lost     # the launcher's headline names it (tools.launch)
+            return error
     grace = _grace(comm.timeout)
     mine = {"seq": comm.seq, "call": comm.description, "waiting_on": exc.peer}
     prefix = f"collectives/stuck/{info.key}/"
@@ -270,8 +272,14 @@ def explain_timeout(comm, exc):
         via = (f" This rank was waiting on rank {exc.peer}, which is itself stuck waiting: it only "
                f"passed the silence on." if exc.peer not in silent and exc.peer is not None else "")
         kind = CollectiveTimeout if isinstance(exc, CollectiveTimeout) else CollectiveError
-        return kind(
+        return _blaming(silent[0], kind(
             f"collectives: rank{'s' if len(silent) > 1 else ''} {who} of the group {list(info.ranks)} "
             f"never answered in call #{comm.seq} {comm.description}: stopped (SIGSTOP, a debugger), dead, "
-            f"or busy elsewhere (computing, or blocked in a call on another group).{via} ({exc})", silent[0], comm)
+            f"or busy elsewhere (computing, or blocked in a call on another group).{via} ({exc})", silent[0], comm))
     return exc
+
+
+def _blaming(rank, error):
+    """``error``, marked as blaming global ``rank`` (the launcher's headline names it)."""
+    error.culprit = rank
+    return error

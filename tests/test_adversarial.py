@@ -369,3 +369,20 @@ def test_torchs_ddp_hooks_train_on_our_backend(hook_name):
         a, b = torch.tensor(a), torch.tensor(b)
         # the same steps as on gloo (the sums may round differently: another algorithm)
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+# --- the launcher's headline --------------------------------------------------------------------
+
+def _stopped_rank_world(rank, n):
+    import signal
+    dist.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)   # alive, sockets open, silent (killed by the launcher)
+    collectives.all_reduce(torch.ones(64), algorithm="ring")
+
+
+def test_the_launchers_first_line_names_the_rank_the_timeout_found_silent():
+    with pytest.raises(AssertionError) as info:
+        run_world(_stopped_rank_world, 3, env={"COLLECTIVES_TIMEOUT": "3"}, timeout=90)
+    headline = str(info.value).splitlines()[0]
+    assert headline.startswith("rank 2 of 3 never answered"), headline
