@@ -173,23 +173,43 @@ def _grace(timeout):
     return min(10.0, max(2.0, 0.2 * timeout))
 
 
+ALIVE_WAIT = 1.0   # seconds a rank whose connection closed is given to show it is alive
+
+
 def _lost(info, comm, peer, me):
-    """The rank this group lost first: the one named in the group's notice, or ``peer`` (whose
-    connection just closed), written as the notice if there was none. None if the store does
-    not answer within a second or two (its host, usually rank 0, is most likely the dead one)."""
-    key = f"collectives/lost/{info.key}"
+    """The rank this group lost, if ``peer``'s closed connection means a death; None if not.
+
+    A peer that timed out closes its connections too (gloo does), and then says where it is
+    stuck in the store (:func:`explain_timeout`) within moments: given ``ALIVE_WAIT`` seconds
+    to do so, it is alive, and the usual explanation follows. A peer that says nothing is
+    gone: the first rank to find that writes a notice naming it (first writer wins), and every
+    rank that loses a connection afterwards (to the dead rank, or to a survivor that ended
+    after it) reads the same name. None as well if the store does not answer (its host,
+    usually rank 0, is most likely the dead one: the usual explanation says so)."""
+    store = info.store
+    notice = f"collectives/lost/{info.key}"
+    alive = f"collectives/stuck/{info.key}/{peer}"
     mine = json.dumps({"rank": peer, "seen_by": me, "seq": comm.seq})
     found = []
 
     def ask():
         try:
-            # first writer wins: every survivor reads the same notice
-            found.append(json.loads(info.store.compare_set(key, "", mine))["rank"])
+            deadline = time.monotonic() + ALIVE_WAIT
+            while True:
+                if store.check([notice]):
+                    found.append(json.loads(store.get(notice))["rank"])
+                    return
+                if store.check([alive]):
+                    return
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            found.append(json.loads(store.compare_set(notice, "", mine))["rank"])
         except Exception:
             pass
     helper = threading.Thread(target=ask, daemon=True, name="collectives-lost")
     helper.start()
-    helper.join(2.0)
+    helper.join(ALIVE_WAIT + 2.0)
     return found[0] if found else None
 
 
