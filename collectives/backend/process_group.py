@@ -116,6 +116,14 @@ class CollectivesBackend:
         self._timeout = timeout
         self._store = store
         self._algorithms = settings.algorithm_overrides()
+        # Every member must run the same algorithm for each call: COLLECTIVES_ALGO must agree
+        # (one clear error on every rank, here, before any transport exists, if it does not),
+        # and the automatic choice reads group rank 0's tuning tables (collectives.tuning.agreed).
+        # Creating a group is collective: every member is here.
+        wait = min(settings.timeout_seconds(), _seconds(timeout) or settings.MAX_TIMEOUT)
+        if size > 1:
+            agreed.same_everywhere(store, rank, self._ranks, "COLLECTIVES_ALGO",
+                                   ",".join(f"{c}:{a}" for c, a in sorted(self._algorithms.items())), wait)
         # A prefixed copy of the store, so the inner transport's keys never meet
         # the ones torch (or another backend on this group) writes.
         self._transport = ProcessGroupGloo(PrefixStore(f"{NAME}/", store), rank, size, timeout)
@@ -124,14 +132,12 @@ class CollectivesBackend:
         self._p2p_transport = ProcessGroupGloo(PrefixStore(f"{NAME}-p2p/", store), rank, size, timeout)
         self._info = GroupInfo(self._transport, tuple(self._ranks), rank, "gloo", f"pg:{group_name}", store,
                                _seconds(timeout))
-        # Every member must run the same algorithm for each call: COLLECTIVES_ALGO must agree
-        # (one clear error on every rank, here, if it does not), and the automatic choice reads
-        # group rank 0's tuning tables (collectives.tuning.agreed). Creating a group is collective.
         if size > 1:
-            wait = min(settings.timeout_seconds(), _seconds(timeout) or settings.MAX_TIMEOUT)
-            agreed.same_everywhere(store, rank, self._ranks, "COLLECTIVES_ALGO",
-                                   ",".join(f"{c}:{a}" for c, a in sorted(self._algorithms.items())), wait)
-            agreed.tables_of(self._info, wait)
+            try:
+                agreed.tables_of(self._info, wait)
+            except BaseException:
+                self.abort()
+                raise
 
     # -- what torch asks about the backend -------------------------------------------------
 
