@@ -173,7 +173,7 @@ def _grace(timeout):
     return min(10.0, max(2.0, 0.2 * timeout))
 
 
-ALIVE_WAIT = 1.0   # seconds a rank whose connection closed is given to show it is alive
+ALIVE_WAIT = 2.0   # seconds a rank whose connection closed is given to show it is alive
 
 
 def _lost(info, comm, peer, me):
