@@ -166,7 +166,9 @@ class Engine:
 
     def __init__(self):
         self._lanes = {}
-        self._lock = threading.Lock()
+        # reentrant: a lane's weakref callback (its group collected) may run inside any
+        # allocation, also one made while this thread holds the lock
+        self._lock = threading.RLock()
         self._exit_hook = False
 
     def _lane(self, key, owner=None):
