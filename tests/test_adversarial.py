@@ -172,7 +172,7 @@ def test_collectives_algo_that_differs_between_ranks_is_one_clear_error():
 
 def _callback_cases(rank, through):
     """name -> a program that issues a collective from inside a future's callback."""
-    if through == "backend":
+    if through in ("backend", "gloo"):
         all_reduce = dist.all_reduce
     else:
         all_reduce = collectives.all_reduce
@@ -200,7 +200,7 @@ def _callback_world(rank, n, through):
         done = {}
 
         def run():
-            work = (dist.all_reduce if through == "backend" else collectives.all_reduce)(x, async_op=True)
+            work = (collectives.all_reduce if through == "api" else dist.all_reduce)(x, async_op=True)
             done["value"] = attempt(lambda: done.setdefault("y", work.get_future().then(callback).wait()))
         start = time.monotonic()
         thread = threading.Thread(target=run, daemon=True)
@@ -214,7 +214,7 @@ def _callback_world(rank, n, through):
     return out
 
 
-@pytest.mark.parametrize("through", ["backend", "api"])
+@pytest.mark.parametrize("through", ["backend", "api", "gloo"])
 def test_collectives_inside_future_callbacks_complete(through):
     backend = "collectives" if through == "backend" else "gloo"
     results = run_world(_callback_world, 2, through, backend=backend, env={"COLLECTIVES_TIMEOUT": str(TIMEOUT)},
@@ -249,11 +249,11 @@ def test_destroy_and_init_again_starts_clean_after_an_error(backend, tmp_path):
         assert t == [3.0] * 4
 
 
-def _destroy_one_world(rank, n):
+def _destroy_one_world(rank, n, backend):
     """Rank 0 leaves async work pending on group A and destroys group B; rank 1 first enters a
     world barrier, then does its part on A. Destroying B must not wait for A."""
-    a = dist.new_group([0, 1], backend="collectives")
-    b = dist.new_group([0, 1], backend="collectives")
+    a = dist.new_group([0, 1], backend=backend)
+    b = dist.new_group([0, 1], backend=backend)
     dist.all_reduce(torch.ones(1), group=b)
     t = torch.full((2,), rank + 1.0)
     start = time.monotonic()
@@ -269,8 +269,9 @@ def _destroy_one_world(rank, n):
     return t.tolist(), time.monotonic() - start
 
 
-def test_destroying_one_group_waits_only_for_its_own_work():
-    results = run_world(_destroy_one_world, 2, backend="collectives", env={"COLLECTIVES_TIMEOUT": str(TIMEOUT)},
+@pytest.mark.parametrize("backend", ["collectives", "gloo"])
+def test_destroying_one_group_waits_only_for_its_own_work(backend):
+    results = run_world(_destroy_one_world, 2, backend, backend=backend, env={"COLLECTIVES_TIMEOUT": str(TIMEOUT)},
                         timeout=120)
     for rank, (t, seconds) in enumerate(results):
         assert t == [3.0, 3.0], f"rank {rank}: {t}"
