@@ -5,7 +5,9 @@ Flags mean what they mean in nccl-tests (``-b`` min bytes, ``-e`` max bytes,
 iterations, ``-c`` check, ``-o`` reduction op, ``-d`` datatype), and the world
 size is ``--world-size`` everywhere, as in ``python -m collectives.train``.
 Several world sizes (``--world-size 2,4``) run one after the other, each in
-its own processes. Under ``torchrun`` the world is the one torchrun started
+its own processes. ``--lab hosts=K[,ranks-per-host=L][,rate=1gbit]`` runs each
+world in a lab of K hosts joined by links of that rate (root only; see
+:mod:`collectives.tools.lab`), built for the world and torn down after it. Under ``torchrun`` the world is the one torchrun started
 (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``): every process runs the benchmark
 and rank 0 prints and writes.
 
@@ -42,6 +44,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from collectives import settings
+from collectives.tools import lab as lab_tools
 from collectives.tools import launch
 
 # nccl-tests' names first, torch's as aliases.
@@ -177,6 +180,8 @@ def add_world_flags(p, default="2", backend=True):
                         "2-9x slower with more ranks than cores)")
     p.add_argument("--timeout", type=positive("seconds", settings.MAX_TIMEOUT), default=300,
                    help="seconds any rank waits for a peer (COLLECTIVES_TIMEOUT and the built-in's)")
+    p.add_argument("--lab", type=lab_tools.lab_argument, default=None, metavar="hosts=K,...",
+                   help=lab_tools.FLAG_HELP)
     if backend:
         p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
         p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -245,7 +250,24 @@ def finish_parsing(p, args):
         p.error("-n must be 1 or more and -w 0 or more")
     if getattr(args, "device", "cpu") == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here")
+    if getattr(args, "lab", None) is not None:
+        check_lab(p, args)
     return args
+
+
+def check_lab(p, args):
+    """``p.error`` unless every world of ``args`` fits ``--lab`` and a lab can be built here."""
+    if launch.under_torchrun():
+        p.error("--lab starts its own processes; under torchrun leave it out, or run "
+                "`python -m collectives.tools.lab torchrun --lab ... -- -m ...`")
+    for n in args.world_size:
+        try:
+            args.lab.layout(n)
+        except ValueError as exc:
+            p.error(str(exc))
+    reason = lab_tools.unavailable_reason()
+    if reason:
+        p.error(f"--lab: {reason}")
 
 
 # ---------------------------------------------------------------- worlds
@@ -302,7 +324,7 @@ def run_worlds(worker, args):
     with tempfile.TemporaryDirectory(prefix="collectives-bench-") as tmp:
         for n in args.world_size:
             path = os.path.join(tmp, f"world{n}.pkl")
-            if launch.run_job(_entry, n, (worker, args, path)) != 0:
+            if launch.run_job(_entry, n, (worker, args, path), lab=getattr(args, "lab", None)) != 0:
                 raise SystemExit(1)
             with open(path, "rb") as f:
                 out.append((n, pickle.load(f)))
@@ -437,7 +459,8 @@ def machine_info(prog, args=None):
             "cores": os.cpu_count(), "loadavg": load, "torch": torch.__version__,
             "python": platform.python_version(), "backend": getattr(args, "backend", "gloo"),
             "device": device, "threads_per_rank": getattr(args, "threads", 1),
-            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None}
+            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+            "lab": str(args.lab) if getattr(args, "lab", None) else None}
 
 
 def run_and_write(prog, worker, args, name="results"):

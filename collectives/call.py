@@ -27,13 +27,13 @@ import torch
 import torch.distributed as dist
 
 from . import desync, observers, reduce_ops, settings, tuning
+from .algorithms import ALGORITHMS, MODULES
 from .tuning import agreed
-from .algorithms import ALGORITHMS
 from .engine import engine
 from .errors import CollectiveError, CollectiveTimeout, DesyncError
 from .group import group_info
 from .observers import CallRecord
-from .p2p_communications import Comm
+from .p2p_communications import Comm, hosts_of
 
 
 class CallState:
@@ -147,15 +147,31 @@ class CallState:
         then depends on the group's size alone.
         """
         self.choice_bytes = nbytes
+        if self.algorithm is not None:
+            try:
+                self._check_layout(self.algorithm)
+            except ValueError as exc:
+                raise ValueError(f"{self.where}: {exc}") from None
         return self.algorithm
 
     def agreed_choice(self):
         """``algorithm=None``'s pick, from the group's agreed tables (waits, at the group's first
         call, for group rank 0 to publish them: only where the call itself would wait for it)."""
-        if self.size < 2:
-            return tuning.choose(self.collective, self.choice_bytes or 0, self.size)
-        return tuning.choose(self.collective, self.choice_bytes or 0, self.size,
-                             agreed.tables_of(self.info, self.timeout))
+        nbytes = self.choice_bytes or 0
+        tables = agreed.tables_of(self.info, self.timeout) if self.size > 1 else None
+        algo = tuning.choose(self.collective, nbytes, self.size, tables)
+        try:
+            self._check_layout(algo)
+        except ValueError:     # a measured table's pick that does not fit here
+            return tuning.rule_of_thumb(self.collective, nbytes, self.size)
+        return algo
+
+    def _check_layout(self, algo):
+        """An algorithm that needs a layout (hierarchical: whole hosts) refuses one that does not
+        fit here, on every rank alike (all derive the same hosts)."""
+        check = getattr(MODULES[self.collective][algo], "check", None)
+        if check is not None and self.member and self.size > 1:
+            check(self.size, self.info.rank, hosts_of(self.ranks))
 
     # -- 3. buffers ----------------------------------------------------------------
 

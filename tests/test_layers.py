@@ -141,7 +141,7 @@ def test_only_settings_reads_collectives_variables():
 def test_readme_variable_table_matches_settings():
     from collectives import settings
     readme = (ROOT / "README.md").read_text()
-    table = set(re.findall(r"^\| `(COLLECTIVES_[A-Z_]+)(?:=[^`]*)?` \|", readme, flags=re.M))
+    table = set(re.findall(r"^\| `(COLLECTIVES_[A-Z_]+|LOCAL_WORLD_SIZE)(?:=[^`]*)?` \|", readme, flags=re.M))
     assert table == set(settings.VARIABLES), (
         f"README's table of variables and collectives/settings.py differ: only in README "
         f"{sorted(table - set(settings.VARIABLES))}, only in settings {sorted(set(settings.VARIABLES) - table)}")

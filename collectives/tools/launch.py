@@ -20,6 +20,11 @@ serves every caller:
   calling ``fn(rank, world_size, *args)``: what demos and tests use.
 * :func:`init_process_group`: inside a rank, join the job and pick the backend
   and device from every rank's host and GPU count (``--backend auto``).
+* ``lab=`` (every launcher's ``--lab hosts=K[,ranks-per-host=L][,rate=1gbit]``): the
+  world runs in a lab of K hosts joined by rate-limited links (:mod:`collectives.tools.lab`),
+  each rank inside its host, told its place as torchrun would (``LOCAL_RANK``,
+  ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) and the lab's layout (``COLLECTIVES_LAB_LAYOUT``).
+  The lab is built for the world and gone after it.
 
 Example::
 
@@ -41,6 +46,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from . import lab as lab_tools
 
 
 class SetupError(RuntimeError):
@@ -236,8 +243,10 @@ def _environment(env):
         os.environ.update(saved)
 
 
-def _child(rank, env, fn, args, results):
-    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+def _child(rank, env, fn, args, results, netns=None):
+    if netns:   # a lab host: enter it before anything opens a socket
+        lab_tools.enter(netns)
+    os.environ.update({"LOCAL_RANK": str(rank), **env, "RANK": str(rank)})
     _die_with_parent()
     try:
         value = fn(*args)
@@ -311,8 +320,18 @@ def _report(errors, first, world_size):
     return cause, text
 
 
+def lab_spec(lab):
+    """``lab`` as a :class:`~collectives.tools.lab.LabSpec` (None, a spec, or ``"hosts=4,..."``)."""
+    if lab is None or isinstance(lab, lab_tools.LabSpec):
+        return lab
+    try:
+        return lab_tools.parse_lab(lab)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+
+
 def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spawn", preload=(),
-          expect_exit=None):
+                expect_exit=None, lab=None):
     """Start ``world_size`` processes, run ``fn(*args)`` in each; return their results in rank order.
 
     Args:
@@ -328,25 +347,48 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
         preload (list[str]): Modules the fork server imports.
         expect_exit (dict, optional): rank -> exit code for ranks meant to die
             (fault tests); their result is None.
+        lab (LabSpec or str, optional): Run the world in a lab of hosts
+            (``"hosts=2,ranks-per-host=2,rate=1gbit"``), built now and torn down after.
 
     Returns:
         list: ``fn``'s return value on rank 0, 1, ..., world_size - 1.
 
     Raises:
-        SetupError: ``MASTER_PORT`` is unusable.
+        SetupError: ``MASTER_PORT`` is unusable, or the lab cannot be built here or does not
+            fit the world (the message says which).
         WorldError: a rank raised or died (the others were stopped).
         TimeoutError: the world did not finish within ``timeout``.
     """
+    spec = lab_spec(lab)
+    if spec is None:
+        return _start(fn, world_size, args, env, timeout, start_method, preload, expect_exit, None)
+    try:
+        layout = spec.layout(world_size)
+        lab_tools.check_available()
+    except (ValueError, lab_tools.LabUnavailable) as exc:
+        raise SetupError(f"--lab: {exc}") from None
+    with lab_tools.Lab(spec) as built:
+        return _start(fn, world_size, args, env, timeout, start_method, preload, expect_exit,
+                      (built, layout))
+
+
+def _start(fn, world_size, args, env, timeout, start_method, preload, expect_exit, lab):
     expect_exit = dict(expect_exit or {})
-    addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = 0
-    if os.environ.get("MASTER_PORT"):
-        port = master_port(os.environ["MASTER_PORT"])
-        check_port(addr, port)
+    if lab:
+        # The store lives on host 0, at its address; the namespace is the lab's own, so port 0
+        # (any free port) cannot meet another program's.
+        built, layout = lab
+        addr, port, where = built.addresses[0], 0, lab_tools.inside(built.netns[0])
+    else:
+        addr, port, where = os.environ.get("MASTER_ADDR") or "127.0.0.1", 0, contextlib.nullcontext()
+        if os.environ.get("MASTER_PORT"):
+            port = master_port(os.environ["MASTER_PORT"])
+            check_port(addr, port)
     # The launcher hosts the job's store, as torchrun's agent does: the port is bound here
     # once and held, so no other program can take it between choosing it and rank 0 binding
     # it (a free port picked and released raced with parallel test runs).
-    store = dist.TCPStore(addr, port, is_master=True, wait_for_workers=False)
+    with where:
+        store = dist.TCPStore(addr, port, is_master=True, wait_for_workers=False)
     env = {**(env or {}), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "GROUP_RANK": "0", "MASTER_ADDR": addr, "MASTER_PORT": str(store.port),
            "TORCHELASTIC_USE_AGENT_STORE": "True"}
@@ -354,8 +396,14 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
     if start_method == "forkserver":
         ctx.set_forkserver_preload(list(preload))
     results = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(r, env, fn, args, results), daemon=False)
-             for r in range(world_size)]
+
+    def child_args(r):
+        if not lab:
+            return (r, env, fn, args, results)
+        return (r, {**env, **lab_tools.rank_environment(built, layout, r)}, fn, args, results,
+                built.netns[layout[r]])
+
+    procs = [ctx.Process(target=_child, args=child_args(r), daemon=False) for r in range(world_size)]
     # Spawned interpreters see the job's environment from their first import. A forked child
     # needs only what _child sets, and a fork server, started here the first time, must start
     # in this process's own environment: every later process is forked from it.
@@ -432,21 +480,29 @@ def _stop(procs):
             p.join()
 
 
-def run_job(fn, world_size, args=()):
+def run_job(fn, world_size, args=(), lab=None):
     """Run ``fn(*args)`` on every rank of a command-line job; return the exit code.
 
     Under torchrun ``fn`` runs in this process and its exceptions propagate
     (traceback on stderr, non-zero exit). Otherwise ``world_size`` processes are
-    started; a failure is reported on stderr, once.
+    started (in a lab of hosts with ``lab``, see :func:`start_world`); a failure is
+    reported on stderr, once.
 
     Returns:
         int: 0 if every rank finished, 1 if one failed (after stopping the rest).
+
+    Raises:
+        SetupError: the lab cannot start, or ``lab`` was given under torchrun.
     """
     if under_torchrun():
+        if lab is not None:
+            raise SetupError("--lab starts its own processes, one set per lab host; under torchrun "
+                             "leave it out, or run `python -m collectives.tools.lab torchrun --lab ...` "
+                             "for a torchrun agent per lab host")
         fn(*args)
         return 0
     try:
-        start_world(fn, world_size, *args)
+        start_world(fn, world_size, *args, lab=lab)
     except WorldError as exc:
         print(f"collectives.tools.launch: {exc}", file=sys.stderr)
         return 1

@@ -10,6 +10,9 @@ Examples::
     torchrun --nnodes 2 --node_rank 0 --nproc_per_node 2 --master_addr HOST --master_port 29400 \
         -m collectives.train
 
+    # 4 ranks on 4 lab hosts joined by 1 Gbit/s links (root; see collectives/tools/lab)
+    python -m collectives.train --world-size 4 --lab hosts=4,rate=1gbit
+
     # continue after a crash, from the last checkpoint in --out
     python -m collectives.train --world-size 4 --resume
 
@@ -27,6 +30,7 @@ import sys
 
 from ..algorithms import ALGORITHMS
 from ..tools import launch
+from ..tools.lab import FLAG_HELP, lab_argument, parse_lab, unavailable_reason
 from .checkpoint import check_resume
 from .data import per_rank_batch
 from .lock import acquire_lock, release_lock
@@ -63,6 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads per rank (default: cores // ranks on this node, at least 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    # Kept as its canonical text: the run's arguments go into checkpoints, readable without us.
+    p.add_argument("--lab", type=lambda text: str(lab_argument(text)), default=None,
+                   metavar="hosts=K,...", help=FLAG_HELP)
     return p.parse_args(argv)
 
 
@@ -82,13 +89,20 @@ def main(argv=None):
                 print(f"collectives.train: {finished}", flush=True)
             return
         if launch.under_torchrun():
-            launch.run_job(worker, None, (args, True))
+            launch.run_job(worker, None, (args, True), lab=args.lab)
             return
         if args.world_size < 1:
             raise launch.SetupError(f"--world-size must be at least 1, got {args.world_size}")
         if os.environ.get("MASTER_PORT"):
             launch.check_port(os.environ.get("MASTER_ADDR") or "127.0.0.1",
                               launch.master_port(os.environ["MASTER_PORT"]))
+        if args.lab is not None:
+            try:
+                parse_lab(args.lab).layout(args.world_size)
+            except ValueError as exc:
+                raise launch.SetupError(str(exc)) from None
+            if unavailable_reason():
+                raise launch.SetupError(f"--lab: {unavailable_reason()}")
         here = [{"host": socket.gethostname(), "gpus": launch.visible_gpus()}] * args.world_size
         launch.choose_backend(args.backend, args.device, here)
         try:
@@ -98,7 +112,7 @@ def main(argv=None):
         lock = acquire_lock(args.out)
         try:
             data_root(args.data_dir, download=True)   # once, before the ranks start
-            code = launch.run_job(worker, args.world_size, (args,))
+            code = launch.run_job(worker, args.world_size, (args,), lab=args.lab)
         finally:
             release_lock(lock)
     except launch.SetupError as exc:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import api
+from .. import api, settings
 from ..parallel.data_parallel import DataParallel
 from ..parallel.data_parallel_naive import NaiveDataParallel
 from ..tools import launch
@@ -53,6 +53,8 @@ def worker(args, lock_out=False):
     ``lock_out``: take ``--out``'s lock on rank 0 (under torchrun; otherwise main() holds it).
     """
     rank, _, world, local_world = launch.place()
+    if settings.lab_layout():   # lab hosts are namespaces of this one machine: they share its cores
+        local_world = world
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
     torch.use_deterministic_algorithms(True, warn_only=True)
     lock = acquire_lock(args.out) if lock_out and rank == 0 else None
