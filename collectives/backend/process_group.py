@@ -36,7 +36,7 @@ def _subclassable(cls):
 #
 # * a Python ``ProcessGroup``, which torch takes as the whole group. Used for every group that
 #   is ours on all its devices ("collectives", "cpu:collectives"). Python callers
-#   (``dist.isend``, ``dist.recv`` from any source, ``dist.get_backend``) reach our methods and
+#   (torch's isend, its receive from any source, get_backend) reach our methods and
 #   get our ``Work`` objects themselves, and DDP's logger reads our name;
 # * a Python subclass of torch's C++ ``Backend``, per device, where the group is mixed
 #   ("cpu:collectives,cuda:nccl": NCCL keeps CUDA tensors). torch 2.14 and later allow it.
