@@ -137,14 +137,10 @@ def main(argv=None):
     common.add_timing_flags(p, n=100, w=5)
     p.add_argument("--algorithm", default="tree", help="all_reduce algorithm for the api and algorithm rows")
     common.add_world_flags(p, default="2", backend=False)
-    p.add_argument("--batch", default="1,32", help="calls back to back per sample, comma-separated")
+    p.add_argument("--batch", type=common.whole_list(1), default=[1, 32], help="calls back to back per sample, comma-separated")
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "call_overhead"))
     args = p.parse_args(argv)
     common.check_algorithms(p, "all_reduce", [args.algorithm])
-    try:
-        args.batch = [int(b) for b in args.batch.split(",")]
-    except ValueError:
-        p.error(f"--batch takes numbers, e.g. 1,32; got {args.batch!r}")
     common.finish_parsing(p, args)
     common.run_and_write("python -m benchmarks.call_overhead", _worker, args)
 

@@ -487,7 +487,7 @@ def build_parser():
                    help="comma-separated algorithm names, plus 'builtin' and 'default' (algorithm=None); "
                         "'all' for every one")
     common.add_world_flags(p, default="2")
-    p.add_argument("--batch", type=int, default=0, help="calls per iteration (0: up to 32 for small sizes)")
+    p.add_argument("--batch", type=common.whole(0), default=0, help="calls per iteration (0: up to 32 for small sizes)")
     p.add_argument("--no-builtin", action="store_true", help="do not run the built-in")
     p.add_argument("--model", action="store_true",
                    help="also measure point to point (benchmarks.pingpong), fit alpha-beta-gamma "
