@@ -32,6 +32,7 @@ import torch
 
 from .. import observers
 from ..algorithms import REGISTRY
+from ..tools.sizes import human, parse_size, sizes
 from . import topology as topologies
 from .collective import COLLECTIVES, ROOTED, busbw_factor, elements, simulate
 from .deadlock import Deadlock
@@ -42,19 +43,6 @@ DTYPES = {"float": torch.float32, "double": torch.float64, "half": torch.float16
 CHECK_LIMIT = 2 << 30     # real tensors of every rank together, for --check
 
 
-def parse_size(text):
-    """Bytes from nccl-tests' notation: '4K' -> 4096, '64M', '1G', '512'."""
-    text = str(text).strip().upper().removesuffix("B")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    try:
-        value = float(text[:-1] if scale > 1 else text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with K, M or G)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a size cannot be negative: {text!r}")
-    return int(value * scale)
-
-
 def world_sizes(text):
     try:
         values = [int(x) for x in str(text).split(",") if x.strip()]
@@ -63,30 +51,6 @@ def world_sizes(text):
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"--world-size must be 1 or more, got {text!r}")
     return values
-
-
-def sizes(minbytes, maxbytes, stepfactor, stepbytes):
-    if maxbytes < minbytes:
-        raise ValueError(f"-e {maxbytes} is below -b {minbytes}")
-    if stepfactor <= 1 and stepbytes <= 0 and maxbytes > minbytes:
-        raise ValueError("-f 1 with -i 0 never reaches -e: give -f above 1 or -i above 0")
-    out, s = [], minbytes
-    while s <= maxbytes:
-        out.append(s)
-        if stepfactor > 1:
-            s = s * stepfactor if s else 1
-        elif stepbytes > 0:
-            s += stepbytes
-        else:
-            break
-    return out
-
-
-def human(nbytes):
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return f"{nbytes}"
 
 
 def load_function(spec, collective):
