@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks import common
-from collectives import api, reduce_ops
+from collectives import api, call, reduce_ops
 from collectives.algorithms import REGISTRY
 from collectives.p2p_communications import Comm
 
@@ -90,12 +90,12 @@ def _variants(x, algorithm):
         torch_exchange()
 
     def dry_api():
-        real = api.Comm
-        api.Comm = _DryComm
+        real = call.Comm      # every call makes its Comm in collectives.call.run
+        call.Comm = _DryComm
         try:
             api.all_reduce(x, algorithm=algorithm)
         finally:
-            api.Comm = real
+            call.Comm = real
 
     return {
         "built-in": lambda: dist.all_reduce(x),

@@ -24,7 +24,10 @@ call), ``algbw`` = size / time, ``busbw`` = algbw times nccl-tests' factor
 (N-1)/N; broadcast, reduce 1), ``#wrong`` (elements that differ from the
 closed form, summed over ranks; ``N/A`` with ``-c 0``). Then the built-in
 timed in the same run and ``vs_bi``, our time over the built-in's: the median
-over rounds of the two times of a round (:func:`benchmarks.common.paired_ratio`).
+over rounds of the two times of a round (:func:`benchmarks.common.paired_ratio`);
+``cpu_bi`` is the same ratio of CPU per call, every thread of the process counted
+(the built-in's work runs on gloo's threads): where ``vs_bi`` misses and the ranks
+outnumber the cores, a ``cpu_bi`` as large says the call is as slow as the CPU it burns.
 The candidates of one size are interleaved (see
 :func:`benchmarks.common.time_samples`): a round runs every candidate once, so
 load from elsewhere on the machine slows both sides of a ratio alike.
@@ -45,7 +48,9 @@ runs a whole sweep from flags and returns its rows.
 import argparse
 import functools
 import os
+import statistics
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -246,7 +251,8 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
         list[dict]: one row per candidate: collective, world_size, algorithm, size,
         count, type, redop, root, time_us, algbw_GBps, busbw_GBps, wrong, builtin_us,
         vs_builtin (the median over rounds of time / the built-in's time in the same
-        round), chosen and default_over_best (``default`` row only), self_ratio
+        round), cpu_us (CPU seconds of every thread of the process per call, the slowest
+        rank's, median over rounds) and cpu_vs_builtin (round by round, as vs_builtin), chosen and default_over_best (``default`` row only), self_ratio
         (``default_again`` row only: its time over ``default``'s, round by round),
         samples_us (the time of each round, in round order: rounds ran the candidates
         side by side).
@@ -279,7 +285,9 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
         b = case.buffers(encoded=False)
         kw = {} if lib is dist else {"algorithm": algo}
         fns[label] = functools.partial(case.call, lib, b, **kw)
-    samples, _ = common.time_samples(fns, iters, warmup, common.batch_for(case.size, batch), device)
+    # CPU of the whole process (the built-in works on gloo's threads, ours on the caller's)
+    samples, cpu = common.time_samples(fns, iters, warmup, common.batch_for(case.size, batch), device,
+                                       cpu_clock=time.process_time)
     times = common.medians(samples)
     chosen = tuning.choose(collective, case.size, n) if "default" in times else None
     ours = [label for label in times if label not in ("builtin", SELF)]
@@ -302,6 +310,9 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
                                   if label == "default" and best else None),
             "self_ratio": (common.paired_ratio(samples[label], samples["default"])
                            if label == SELF else None),
+            "cpu_us": statistics.median(cpu[label]) * 1e6,
+            "cpu_vs_builtin": (common.paired_ratio(cpu[label], cpu["builtin"])
+                               if base and min(cpu["builtin"]) > 0 else None),
             "algorithm_run": chosen if default else label,
             "samples_us": [x * 1e6 for x in samples[label]],
         })
@@ -312,7 +323,7 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
 
 HEADER = (f"#{'collective':>14} {'N':>3} {'size(B)':>11} {'count':>10} {'type':>8} {'redop':>5} "
           f"{'root':>4} {'algorithm':>20} {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
-          f"{'builtin(us)':>11} {'vs_bi':>6}")
+          f"{'builtin(us)':>11} {'vs_bi':>6} {'cpu_bi':>6}")
 
 
 def format_row(row):
@@ -329,7 +340,8 @@ def format_row(row):
     return (f" {row['collective']:>14} {row['world_size']:>3} {row['size']:>11} {row['count']:>10} "
             f"{row['type']:>8} {row['redop']:>5} {row['root']:>4} {row['algorithm']:>20} "
             f"{row['time_us']:>10.1f} {row['algbw_GBps']:>7.3f} {row['busbw_GBps']:>7.3f} {wrong:>6} "
-            f"{common.fmt(row['builtin_us'], '11.1f'):>11} {common.fmt(row['vs_builtin'], '6.2f'):>6}{extra}")
+            f"{common.fmt(row['builtin_us'], '11.1f'):>11} {common.fmt(row['vs_builtin'], '6.2f'):>6} "
+            f"{common.fmt(row.get('cpu_vs_builtin'), '6.2f'):>6}{extra}")
 
 
 def _worker(args, rank, n, device):
@@ -465,6 +477,10 @@ def noise_band(rows, n):
     return max([1.0] + [max(x, 1 / x) for x in ratios])
 
 
+def _cpu_note(row):
+    return f" (CPU {row['cpu_vs_builtin']:.2f}x)" if row.get("cpu_vs_builtin") else ""
+
+
 def goals(rows):
     """Issue 28's two goals over ``rows``: (lines of text, misses).
 
@@ -479,7 +495,7 @@ def goals(rows):
         lines.append(f"# algorithms (not {', '.join(TEACHING)}) within {GOAL}x of the built-in: "
                      f"{len(algos) - len(slow)}/{len(algos)} points")
         misses += [f"{r['collective']} N={r['world_size']} {common.human(r['size'])} {r['algorithm']} "
-                   f"{r['vs_builtin']:.2f}" for r in slow]
+                   f"{r['vs_builtin']:.2f}" + _cpu_note(r) for r in slow]
     dflt = [r for r in rows if r["algorithm"] == "default" and r["vs_builtin"]]
     if dflt:
         bands = {n: noise_band(rows, n) for n in sorted({r["world_size"] for r in dflt})}
@@ -488,7 +504,7 @@ def goals(rows):
                      f"({', '.join(f'N={n}: {b:.2f}' for n, b in bands.items())}): "
                      f"{len(dflt) - len(over)}/{len(dflt)} points")
         misses += [f"{r['collective']} N={r['world_size']} {common.human(r['size'])} default "
-                   f"({r['chosen']}) {r['vs_builtin']:.2f}" for r in over]
+                   f"({r['chosen']}) {r['vs_builtin']:.2f}" + _cpu_note(r) for r in over]
     return lines, misses
 
 

@@ -261,7 +261,7 @@ def test_a_table_measured_here_replaces_the_packaged_one(tmp_path, monkeypatch):
 def test_call_overhead_prints_every_layer_for_every_batch(capfd, tmp_path):
     """The call-cost benchmark runs every row at each batch size and restores the API's door."""
     from benchmarks import call_overhead
-    from collectives import api
+    from collectives import call
     from collectives.p2p_communications import Comm
     call_overhead.main(["--world-size", "3", "-n", "2", "-w", "1", "--batch", "1,2", "--out", str(tmp_path)])
     out = capfd.readouterr().out
@@ -271,7 +271,7 @@ def test_call_overhead_prints_every_layer_for_every_batch(capfd, tmp_path):
         assert f"N=3, algorithm=tree, {batch} call(s) back to back" in out
     for row in rows:
         assert sum(line.strip().startswith(row + "  ") for line in out.splitlines()) == 2, row
-    assert api.Comm is Comm
+    assert call.Comm is Comm
     assert len(json.loads((tmp_path / "results.json").read_text())["rows"]) == 2 * len(rows)
 
 
@@ -366,3 +366,22 @@ def test_ddp_backend_prints_a_ratio_per_world_size(capfd, monkeypatch):
     rows = [line.split() for line in capfd.readouterr().out.splitlines() if not line.startswith("#")]
     assert len(rows) == 1 and rows[0][:2] == ["2", "4"], rows
     assert all(float(x) > 0 for x in rows[0][2:])
+
+
+def test_cliff_times_each_candidate_under_both_policies(tmp_path, capfd):
+    """benchmarks.cliff: every (policy, candidate) timed with its socket-thread CPU; the door's
+    policy (SCHED_BATCH) is back on the threads afterwards."""
+    import os
+    if not hasattr(os, "SCHED_BATCH"):
+        pytest.skip("SCHED_BATCH is Linux's")
+    from benchmarks import cliff
+    cliff.main(["--world-size", "2", "-b", "4K", "-e", "4K", "-n", "2", "-w", "1", "--rounds", "2",
+                "--out", str(tmp_path)])
+    printed = capfd.readouterr().out
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {(r["policy"], r["candidate"]) for r in rows} == {
+        (p, c) for p in cliff.POLICIES for c in ("2 exchanges, torch", "built-in", "ring")}
+    for r in rows:
+        assert r["median_us"] > 0 and 0 <= r["stalled"] <= 1
+        assert r["io_cpu_us"] >= 0 and r["caller_cpu_us"] > 0
+    assert printed.count("as torch made them") == 3 and "calls >2ms" in printed
