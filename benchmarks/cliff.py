@@ -44,8 +44,10 @@ from benchmarks import common
 from collectives import api
 from collectives.p2p_communications import GLOO_IO_THREAD
 
-POLICIES = {"as torch made them": os.SCHED_OTHER if hasattr(os, "SCHED_OTHER") else 0,
-            "batch": getattr(os, "SCHED_BATCH", 3)}
+# name -> (scheduling policy, nice value) of the socket threads
+POLICIES = {"as torch made them": (getattr(os, "SCHED_OTHER", 0), 0),
+            "batch": (getattr(os, "SCHED_BATCH", 3), 0),
+            "nice 19": (getattr(os, "SCHED_OTHER", 0), 19)}
 STALL = 2e-3
 
 
@@ -74,9 +76,11 @@ def _on_cpu_ns(tids):
 
 
 def _set_policy(tids, policy):
+    kind, nice = policy
     for tid in tids:
         try:
-            os.sched_setscheduler(tid, policy, os.sched_param(0))
+            os.sched_setscheduler(tid, kind, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
         except OSError:
             pass
 
@@ -113,7 +117,7 @@ def _worker(args, rank, n, device):
         io_ns = {key: 0 for key in calls}
         me_ns = {key: 0 for key in calls}
         for r in range(args.rounds):
-            order = list(POLICIES) if r % 2 == 0 else list(reversed(POLICIES))
+            order = list(POLICIES)[r % len(POLICIES):] + list(POLICIES)[:r % len(POLICIES)]
             for policy in order:
                 _set_policy(io, POLICIES[policy])
                 for name, fn in cands.items():
