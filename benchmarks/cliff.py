@@ -15,17 +15,19 @@ socket threads as ``SCHED_BATCH``, which never preempts on wake-up
 (``collectives.p2p_communications.calm_transport_threads``).
 
 This benchmark sets the socket threads' policy itself, round by round, in the
-same processes: ``as torch made them`` (``SCHED_OTHER``) and ``batch``
-(``SCHED_BATCH``), alternating, so both see the same load from the rest of the
-machine. Per size, policy and candidate it prints the median time per call,
+same processes: ``as torch made them`` (``SCHED_OTHER``), ``batch``
+(``SCHED_BATCH``, what the door sets) and ``nice 19`` (``SCHED_OTHER`` at the
+lowest priority), in rotating order, so all see the same load from the rest of
+the machine. Per size, policy and candidate it prints the median time per call,
 the share of calls slower than 2 ms (a stall: the tick here is 4 ms), and the
 CPU per call of the socket threads and of the calling thread, from
 ``/proc/self/task/*/schedstat`` (nanoseconds on the CPU; a spinning socket
 thread shows up there, whatever the wall clock says). Candidates:
 
-* ``2 exchanges, torch``: ``dist.irecv`` + ``dist.isend`` of S/2 with the
-  neighbours, twice in a row (what a ring all_reduce does at N=2), no
-  collectives code at all;
+* ``1 exchange, torch``: ``dist.irecv`` + ``dist.isend`` of S with the
+  neighbours, no collectives code at all;
+* ``2 exchanges, torch``: the same with S/2, twice in a row (what a ring
+  all_reduce does at N=2);
 * ``built-in``: ``torch.distributed.all_reduce`` of S;
 * ``ring``: ``collectives.all_reduce(algorithm="ring")`` of S.
 
@@ -91,13 +93,17 @@ def _candidates(size, rank, n):
     half = x.numel() // 2
     right, left = (rank + 1) % n, (rank - 1) % n
 
-    def two_exchanges():
-        for tag, part in ((1, slice(0, half)), (2, slice(half, None))):
-            works = [dist.irecv(b[part], left, tag=tag), dist.isend(a[part], right, tag=tag)]
-            for w in works:
-                w.wait()
+    def exchange(tag, part):
+        works = [dist.irecv(b[part], left, tag=tag), dist.isend(a[part], right, tag=tag)]
+        for w in works:
+            w.wait()
 
-    return {"2 exchanges, torch": two_exchanges,
+    def two_exchanges():
+        exchange(1, slice(0, half))
+        exchange(2, slice(half, None))
+
+    return {"1 exchange, torch": lambda: exchange(3, slice(None)),
+            "2 exchanges, torch": two_exchanges,
             "built-in": lambda: dist.all_reduce(x),
             "ring": lambda: api.all_reduce(x, algorithm="ring")}
 
