@@ -406,7 +406,7 @@ def report_markdown(meta, rows, model):
         names = list(dict.fromkeys(r["algorithm"] for r in sel))
         sizes = list(dict.fromkeys(r["size"] for r in sel))
         time = {(r["algorithm"], r["size"]): r for r in sel}
-        lines += [f"{collective}, N={n}: busbw (GB/s), our time over the built-in's in brackets, "
+        lines += [f"{collective}, N={n}: busbw (GB/s), our time over the built-in's in brackets "
                   f"(the median over rounds of the two times of a round), and what algorithm=None chose", "", "| size | " + " | ".join(names) + " |",
                   "|---:|" + "---:|" * len(names)]
         for s in sizes:
