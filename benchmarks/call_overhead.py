@@ -77,7 +77,7 @@ def _variants(x, algorithm):
     world = dist.group.WORLD
     right, left = (rank + 1) % n, (rank - 1) % n
     inbox = torch.empty_like(x)
-    red = reduce_ops.resolve(dist.ReduceOp.SUM, x.dtype, "call_overhead")
+    red = reduce_ops.reduction(dist.ReduceOp.SUM, x.dtype, "call_overhead")
     run = REGISTRY["all_reduce"][algorithm]
 
     def torch_exchange():
@@ -90,7 +90,7 @@ def _variants(x, algorithm):
         torch_exchange()
 
     def dry_api():
-        real = call.Comm      # every call makes its Comm in collectives.call.run
+        real = call.Comm
         call.Comm = _DryComm
         try:
             api.all_reduce(x, algorithm=algorithm)
@@ -137,20 +137,12 @@ def main(argv=None):
     common.add_timing_flags(p, n=100, w=5)
     p.add_argument("--algorithm", default="tree", help="all_reduce algorithm for the api and algorithm rows")
     common.add_world_flags(p, default="2", backend=False)
-    p.add_argument("--batch", default="1,32", help="calls back to back per sample, comma-separated")
+    p.add_argument("--batch", type=common.whole_list(1), default=[1, 32], help="calls back to back per sample, comma-separated")
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "call_overhead"))
     args = p.parse_args(argv)
-    if args.algorithm not in REGISTRY["all_reduce"]:
-        p.error(f"unknown all_reduce algorithm {args.algorithm!r}; valid: {', '.join(REGISTRY['all_reduce'])}")
-    try:
-        args.batch = [int(b) for b in args.batch.split(",")]
-    except ValueError:
-        p.error(f"--batch takes numbers, e.g. 1,32; got {args.batch!r}")
+    common.check_algorithms(p, "all_reduce", [args.algorithm])
     common.finish_parsing(p, args)
-    meta = common.machine_info("python -m benchmarks.call_overhead", args)
-    results = common.run_worlds(_worker, args)
-    if results is not None:
-        common.write_rows(args.out, "results", [r for _, rows in results for r in rows], meta)
+    common.run_and_write("python -m benchmarks.call_overhead", _worker, args)
 
 
 if __name__ == "__main__":

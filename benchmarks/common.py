@@ -5,14 +5,16 @@ Flags mean what they mean in nccl-tests (``-b`` min bytes, ``-e`` max bytes,
 iterations, ``-c`` check, ``-o`` reduction op, ``-d`` datatype), and the world
 size is ``--world-size`` everywhere, as in ``python -m collectives.train``.
 Several world sizes (``--world-size 2,4``) run one after the other, each in
-its own processes. Under ``torchrun`` the world is the one torchrun started
+its own processes. ``--lab hosts=K[,ranks-per-host=L][,rate=1gbit]`` runs each
+world in a lab of K hosts joined by links of that rate (root only; see
+:mod:`collectives.tools.lab`), built for the world and torn down after it. Under ``torchrun`` the world is the one torchrun started
 (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``): every process runs the benchmark
 and rank 0 prints and writes.
 
 A benchmark is a *worker*: a module-level function ``worker(args, rank, n,
 device)`` that runs on every rank of an initialised process group and returns
 rank 0's results. :func:`run_worlds` starts it (through
-:func:`collectives.tools.launch.launch`) at every world size and hands the results
+:func:`collectives.tools.launch.run_job`) at every world size and hands the results
 back to the launching process.
 
 Example::
@@ -40,6 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from collectives.tools import lab as lab_tools
 from collectives.tools import launch
 
 # nccl-tests' names first, torch's as aliases.
@@ -131,6 +134,8 @@ def add_world_flags(p, default="2", backend=True):
                         "2-9x slower with more ranks than cores)")
     p.add_argument("--timeout", type=float, default=300,
                    help="seconds any rank waits for a peer (COLLECTIVES_TIMEOUT and the built-in's)")
+    p.add_argument("--lab", type=lab_tools.lab_argument, default=None, metavar="hosts=K,...",
+                   help=lab_tools.FLAG_HELP)
     if backend:
         p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
         p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -199,7 +204,24 @@ def finish_parsing(p, args):
         p.error("-n must be 1 or more and -w 0 or more")
     if getattr(args, "device", "cpu") == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here")
+    if getattr(args, "lab", None) is not None:
+        check_lab(p, args)
     return args
+
+
+def check_lab(p, args):
+    """``p.error`` unless every world of ``args`` fits ``--lab`` and a lab can be built here."""
+    if launch.under_torchrun():
+        p.error("--lab starts its own processes; under torchrun leave it out, or run "
+                "`python -m collectives.tools.lab torchrun --lab ... -- -m ...`")
+    for n in args.world_size:
+        try:
+            args.lab.layout(n)
+        except ValueError as exc:
+            p.error(str(exc))
+    reason = lab_tools.unavailable_reason()
+    if reason:
+        p.error(f"--lab: {reason}")
 
 
 # ---------------------------------------------------------------- worlds
@@ -245,7 +267,7 @@ def run_worlds(worker, args):
     """Run ``worker`` at every world size of ``args``; return [(n, rank 0's result)].
 
     Outside torchrun each world is a fresh set of processes started by
-    :func:`collectives.tools.launch.launch`; a failing rank's traceback is printed and
+    :func:`collectives.tools.launch.run_job`; a failing rank's traceback is printed and
     this raises SystemExit(1). Under torchrun the worker runs in this process,
     in torchrun's world, and only rank 0 gets the list (the others get None).
     """
@@ -256,7 +278,7 @@ def run_worlds(worker, args):
     with tempfile.TemporaryDirectory(prefix="collectives-bench-") as tmp:
         for n in args.world_size:
             path = os.path.join(tmp, f"world{n}.pkl")
-            if launch.launch(_entry, n, (worker, args, path)) != 0:
+            if launch.run_job(_entry, n, (worker, args, path), lab=getattr(args, "lab", None)) != 0:
                 raise SystemExit(1)
             with open(path, "rb") as f:
                 out.append((n, pickle.load(f)))
@@ -394,7 +416,31 @@ def machine_info(prog, args=None):
             "cores": os.cpu_count(), "loadavg": load, "torch": torch.__version__,
             "python": platform.python_version(), "backend": getattr(args, "backend", "gloo"),
             "device": device, "threads_per_rank": getattr(args, "threads", 1),
-            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None}
+            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+            "lab": str(args.lab) if getattr(args, "lab", None) else None}
+
+
+def run_and_write(prog, worker, args, name="results"):
+    """A benchmark's ending: run ``worker`` at every world size, then write every rank 0 row
+    with where and how it was measured. Returns the rows (None on ranks other than 0 under
+    torchrun)."""
+    meta = machine_info(prog, args)
+    results = run_worlds(worker, args)
+    if results is None:
+        return None
+    rows = [r for _, res in results for r in res]
+    write_rows(args.out, name, rows, meta)
+    return rows
+
+
+def check_algorithms(parser, collective, names, extra=()):
+    """Stop with the parser's usage error on an algorithm name ``collective`` does not have."""
+    from collectives import ALGORITHMS
+    valid = set(ALGORITHMS[collective]) | set(extra)
+    unknown = [a for a in names if a not in valid]
+    if unknown:
+        parser.error(f"unknown {collective} algorithm(s) {', '.join(unknown)}; "
+                     f"valid: {', '.join(sorted(valid))}")
 
 
 def write_rows(out_dir, name, rows, meta=None):

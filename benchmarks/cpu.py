@@ -32,7 +32,6 @@ import torch.distributed as dist
 
 from benchmarks import common
 from collectives import api
-from collectives.algorithms import ALGORITHMS
 
 ROLES = ("calling", "gloo worker", "gloo I/O", "other")
 
@@ -132,16 +131,11 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "cpu"))
     args = p.parse_args(argv)
     args.algorithm = [a for a in args.algorithm.split(",") if a]
-    unknown = [a for a in args.algorithm if a not in ALGORITHMS["all_reduce"]]
-    if unknown:
-        p.error(f"unknown all_reduce algorithm(s) {', '.join(unknown)}; valid: {', '.join(ALGORITHMS['all_reduce'])}")
+    common.check_algorithms(p, "all_reduce", args.algorithm)
     if not os.path.isdir("/proc/self/task"):
         p.error("per-thread CPU times come from /proc/self/task, which this system lacks (Linux only)")
     common.finish_parsing(p, args)
-    meta = common.machine_info("python -m benchmarks.cpu", args)
-    results = common.run_worlds(_worker, args)
-    if results is not None:
-        common.write_rows(args.out, "results", [r for _, rows in results for r in rows], meta)
+    common.run_and_write("python -m benchmarks.cpu", _worker, args)
 
 
 if __name__ == "__main__":

@@ -175,10 +175,7 @@ def main(argv=None):
     if args.trace:
         common.run_worlds(_trace_worker, args)
         return
-    meta = common.machine_info("python -m benchmarks.data_parallel", args)
-    results = common.run_worlds(_worker, args)
-    if results is not None:
-        common.write_rows(args.out, "results", [r for _, rows in results for r in rows], meta)
+    common.run_and_write("python -m benchmarks.data_parallel", _worker, args)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def main(argv=None):
           f"steps; COLLECTIVES_ALGO={args.algo or '(auto)'}")
     print(f"# {'N':>4s} {'batch':>6s} {'gloo ms':>10s} {'collectives':>12s} {'ratio':>7s}")
     for n in args.world_size:   # one world each (under torchrun: torchrun's, in this process)
-        if launch.launch(_worker, n, (args,)) != 0:
+        if launch.run_job(_worker, n, (args,), lab=args.lab) != 0:
             raise SystemExit(1)
 
 

@@ -114,10 +114,7 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "desync_cost"))
     args = p.parse_args(argv)
     args.algorithm = args.algorithm.split(",")
-    valid = set(collectives.ALGORITHMS["all_reduce"]) | {"default"}
-    unknown = [a for a in args.algorithm if a not in valid]
-    if unknown:
-        p.error(f"unknown all_reduce algorithm(s) {', '.join(unknown)}; choose from {', '.join(sorted(valid))}")
+    common.check_algorithms(p, "all_reduce", args.algorithm, extra=("default",))
     common.finish_parsing(p, args)
     if common.is_rank0():
         print(f"# all_reduce float32, -n {args.iters} -w {args.warmup_iters}; time per call (us), median of the "
@@ -125,11 +122,8 @@ def main(argv=None):
         debug = f" {'debug on':>10} {'debug/on':>9}" if args.debug else ""
         print(f"#{'N':>3} {'size(B)':>9} {'algorithm':>20} {'tags on':>10} {'tags off':>10} {'built-in':>10} "
               f"{'on/off':>7}{debug}", flush=True)
-    meta = common.machine_info("python -m benchmarks.desync_cost", args)
-    results = common.run_worlds(_worker, args)
-    if results is not None:
-        rows = [r for _, res in results for r in res]
-        common.write_rows(args.out, "results", rows, meta)
+    rows = common.run_and_write("python -m benchmarks.desync_cost", _worker, args)
+    if rows is not None:
         worst = max(rows, key=lambda r: r["on_over_off"])
         print(f"# worst on/off {worst['on_over_off']:.3f} (N={worst['world_size']}, {worst['size']} B, "
               f"{worst['algorithm']}); goal: at most 1.05 at 4 KiB, N=2 and 4")

@@ -158,10 +158,7 @@ def main(argv=None):
     if not os.path.exists("/proc/self/clear_refs"):
         p.error("peak memory comes from /proc/self/clear_refs and VmHWM, which this system lacks (Linux only)")
     common.finish_parsing(p, args)
-    meta = common.machine_info("python -m benchmarks.memory", args)
-    results = common.run_worlds(_worker, args)
-    if results is not None:
-        common.write_rows(args.out, "results", [r for _, rows in results for r in rows], meta)
+    common.run_and_write("python -m benchmarks.memory", _worker, args)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Usage::
     python -m benchmarks.sweep --collective all_reduce --algorithm ring,builtin -b 4K -e 4K --world-size 8
     python -m benchmarks.sweep --model ...                       # also fit alpha-beta-gamma, predict each row
     torchrun --nproc-per-node 4 -m benchmarks.sweep -b 1M -e 1M  # the world torchrun started
+    python -m benchmarks.sweep --lab hosts=4,rate=1gbit --collective all_reduce --world-size 4 -b 64K -e 64M
 
 Flags as in nccl-tests: ``-b``/``-e`` smallest/largest size, ``-f`` step
 factor (``-i`` step increment when ``-f 1``), ``-n`` timed iterations, ``-w``
@@ -524,6 +525,41 @@ def summarize(rows, file=sys.stdout):
         print("# misses: " + "; ".join(misses), file=file)
 
 
+def crossover(rows, a, b, key="time_us"):
+    """The smallest size from which ``a`` is faster than ``b`` at every larger size (None: never)."""
+    t = {(r["algorithm"], r["size"]): r.get(key) for r in rows}
+    sizes = sorted({r["size"] for r in rows})
+    if not all(t.get((x, s)) for x in (a, b) for s in sizes):
+        return None
+    out = None
+    for s in reversed(sizes):
+        if t[(a, s)] >= t[(b, s)]:
+            break
+        out = s
+    return out
+
+
+def lab_summary(rows, spec, big=16 << 20):
+    """Lines on a lab run: busbw at sizes >= ``big`` as a fraction of the link's rate, and where
+    the ring overtakes the tree (all_reduce), measured and as the model predicts it."""
+    link = spec.rate / 8 / 1e9
+    lines = [f"# lab {spec}: link {link:.4f} GB/s each way; busbw at >= {common.human(big)} over it:"]
+    for collective, n in dict.fromkeys((r["collective"], r["world_size"]) for r in rows):
+        sel = [r for r in rows if r["collective"] == collective and r["world_size"] == n]
+        for a in dict.fromkeys(r["algorithm"] for r in sel):
+            fr = [f"{common.human(r['size'])} {r['busbw_GBps'] / link:.2f}"
+                  for r in sel if r["algorithm"] == a and r["size"] >= big]
+            if fr:
+                lines.append(f"#   {collective} N={n} {a:>16}: " + ", ".join(fr))
+        if collective == "all_reduce" and {"ring", "tree"} <= {r["algorithm"] for r in sel}:
+            measured = crossover(sel, "ring", "tree")
+            model = crossover(sel, "ring", "tree", "predicted_us")
+            lines.append(f"#   all_reduce N={n}: ring faster than tree from "
+                         f"{common.human(measured) if measured else 'no size measured'} "
+                         f"(model: {common.human(model) if model else 'no size' if any(r.get('predicted_us') for r in sel) else 'run with --model'})")
+    return lines
+
+
 # ---------------------------------------------------------------- main
 
 def build_parser():
@@ -595,11 +631,15 @@ def main(argv=None):
     rows, p2p = result
     model = predict(rows, p2p) if p2p else {}
     summarize(rows)
+    lab_lines = lab_summary(rows, args.lab) if args.lab else []
+    print("\n".join(lab_lines))
     common.write_rows(args.out, "results", rows, dict(meta, model=model))
     if p2p:
         common.write_rows(args.out, "p2p", p2p, meta)
     with open(os.path.join(args.out, "report.md"), "w") as f:
         f.write(report_markdown(meta, rows, model))
+        if lab_lines:
+            f.write("\n" + "\n".join(line.lstrip("# ") for line in lab_lines) + "\n")
     if not args.no_plots:
         plot(rows, args.out)
     print(f"# wrote {args.out}/ (results.csv, results.json, report.md{', p2p' if p2p else ''}"

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from .algorithms import REGISTRY
-from .call import CallState, copy_local, nbytes, run, shapes
+from .call import CallState, copy_local, nbytes, run, run_in_place, shapes
 from .engine import Work
 from .group import GroupInfo
 
@@ -49,14 +49,8 @@ def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group: Group = No
         return None
     root = call.check_root("src", src, group_src)
     algo = call.choose(nbytes(tensor))
-
-    def body(comm):
-        buf = call.stage(tensor)
-        call.ready()
-        REGISTRY["broadcast"][algo](comm, buf.flat, root)
-        return [buf.done()]
-    return run(call, algo, body, async_op, nbytes(tensor), local=lambda: [tensor],
-                src=call.ranks[root], shape=list(tensor.shape), dtype=tensor.dtype)
+    return run_in_place(call, algo, tensor, lambda comm, flat: REGISTRY["broadcast"][algo](comm, flat, root),
+                        async_op, src=call.ranks[root])
 
 
 def reduce(tensor: torch.Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM, group: Group = None,
@@ -134,15 +128,11 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, group: Group =
         return None
     algo = call.choose(nbytes(tensor))
 
-    def body(comm):
-        buf = call.stage(tensor)
-        call.ready()
-        REGISTRY["all_reduce"][algo](comm, buf.flat, red)
+    def step(comm, flat):
+        REGISTRY["all_reduce"][algo](comm, flat, red)
         if red.average:
-            buf.flat.div_(comm.size)
-        return [buf.done()]
-    return run(call, algo, body, async_op, nbytes(tensor), local=lambda: [tensor],
-                op=red.name, shape=list(tensor.shape), dtype=tensor.dtype)
+            flat.div_(comm.size)
+    return run_in_place(call, algo, tensor, step, async_op, op=red.name)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: Optional[int] = None,
@@ -174,8 +164,7 @@ def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = N
     call.check_tensor("tensor", tensor)
     if not call.member:
         return None
-    root = call.check_root("src", src, group_src, default=0)
-    call.check_root_list("scatter_list", scatter_list, "src", call.ranks[root], "source", tensor)
+    root = call.root_and_list("src", src, group_src, "scatter_list", scatter_list, "source", tensor)
     algo = call.choose(nbytes(tensor) * call.size)
 
     def body(comm):
@@ -220,8 +209,7 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
     call.check_tensor("tensor", tensor)
     if not call.member:
         return None
-    root = call.check_root("dst", dst, group_dst, default=0)
-    call.check_root_list("gather_list", gather_list, "dst", call.ranks[root], "destination", tensor)
+    root = call.root_and_list("dst", dst, group_dst, "gather_list", gather_list, "destination", tensor)
     algo = call.choose(nbytes(tensor) * call.size)
 
     def body(comm):
@@ -374,6 +362,13 @@ def all_to_all(output_tensor_list: List[torch.Tensor], input_tensor_list: List[t
     if not call.member:
         return None
     algo = call.choose(sum(nbytes(t) for t in input_tensor_list))
+    if algo == "bruck" and any(t.numel() != like.numel()
+                               for t in (*input_tensor_list, *output_tensor_list)):
+        # Bruck forwards pieces through ranks that neither send nor receive them, and those
+        # cannot know an uneven piece's size (algorithm=None never picks bruck)
+        raise ValueError(f"{call.where}: algorithm='bruck' needs pieces of one size (every "
+                         f"input and output tensor with {like.numel()} elements); for uneven "
+                         f"pieces use 'linear' or 'pairwise'")
 
     def body(comm):
         ins = call.inputs(input_tensor_list, output_tensor_list)

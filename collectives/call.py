@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 
 from . import desync, observers, reduce_ops, settings, tuning
-from .algorithms import ALGORITHMS
+from .algorithms import ALGORITHMS, MODULES
 from .engine import engine
 from .errors import CollectiveError, DesyncError
-from .group import resolve
+from .group import group_info
 from .observers import CallRecord
-from .p2p_communications import Comm
+from .p2p_communications import Comm, hosts_of
 
 
 class CallState:
@@ -41,7 +41,7 @@ class CallState:
     def __init__(self, collective, group, algorithm):
         self.collective = collective
         self.where = f"collectives.{collective}"
-        info = resolve(group, self.where)
+        info = group_info(group, self.where)
         if algorithm is not None and algorithm not in ALGORITHMS[collective]:
             raise ValueError(f"{self.where}: unknown algorithm={algorithm!r}; valid: "
                              f"{', '.join(ALGORITHMS[collective])}")
@@ -125,13 +125,31 @@ class CallState:
             raise ValueError(f"{self.where}: {name}={root} is not a member of the group (ranks {self.ranks})")
         return self.ranks.index(root)
 
+    def root_and_list(self, name, root, group_root, list_name, tensors, role, like):
+        """Scatter's and gather's roots: the root as a group rank (default 0, as torch's), and
+        the list only the root passes (``scatter_list``, ``gather_list``), checked."""
+        index = self.check_root(name, root, group_root, default=0)
+        self.check_root_list(list_name, tensors, name, self.ranks[index], role, like)
+        return index
+
     def op(self, op, dtype):
-        return reduce_ops.resolve(op, dtype, self.where)
+        return reduce_ops.reduction(op, dtype, self.where)
 
     # -- 2. choose -----------------------------------------------------------------
 
     def choose(self, nbytes):
-        return self.algorithm or tuning.choose(self.collective, nbytes, self.size)
+        algo = self.algorithm or tuning.choose(self.collective, nbytes, self.size)
+        # an algorithm that needs a layout (hierarchical: whole hosts) refuses one that does
+        # not fit here, at the call, on every rank alike (all derive the same hosts)
+        check = getattr(MODULES[self.collective][algo], "check", None)
+        if check is not None and self.member and self.size > 1:
+            try:
+                check(self.size, self.info.rank, hosts_of(self.ranks))
+            except ValueError as exc:
+                if self.algorithm is None:   # a measured table's pick that does not fit here
+                    return tuning.rule_of_thumb(self.collective, nbytes, self.size)
+                raise ValueError(f"{self.where}: {exc}") from None
+        return algo
 
     # -- 3. buffers ----------------------------------------------------------------
 
@@ -237,6 +255,18 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
         return outputs
     work = engine().submit(execute, f"{collective}({algo})", async_op, info.key)
     return work if async_op else None  # blocking calls return None, as torch's do
+
+
+def run_in_place(call, algo, tensor, step, async_op, **fields):
+    """``run`` for the collectives that work on one tensor in place on every rank (broadcast,
+    all_reduce): stage it, ``step(comm, flat)``, write it back."""
+    def body(comm):
+        buf = call.stage(tensor)
+        call.ready()
+        step(comm, buf.flat)
+        return [buf.done()]
+    return run(call, algo, body, async_op, nbytes(tensor), local=lambda: [tensor],
+               **fields, shape=list(tensor.shape), dtype=tensor.dtype)
 
 
 class Staged:

@@ -14,6 +14,12 @@ implementations of this interface:
 ``step`` is a small non-negative int (below 2**14) that both sides of a message
 agree on; empty tensors are not sent (both sides know the sizes, so both skip).
 Tensors are contiguous.
+
+A door may also say where its ranks sit: ``hosts``, a tuple giving each group
+rank's host number, or None where it does not know. It is optional (read it
+with ``getattr(comm, "hosts", None)``); the real door derives it from
+``LOCAL_WORLD_SIZE``, and only topology-aware algorithms
+(``all_reduce_hierarchical``) read it.
 """
 from typing import Protocol, Sequence, Tuple, runtime_checkable
 

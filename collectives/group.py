@@ -52,7 +52,7 @@ class GroupInfo:
         return self.rank >= 0
 
 
-def resolve(group, where):
+def group_info(group, where):
     """The :class:`GroupInfo` for ``group`` (None, a ProcessGroup, or a GroupInfo)."""
     if isinstance(group, GroupInfo):
         return group

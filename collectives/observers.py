@@ -45,12 +45,17 @@ class CallRecord:
 
 @dataclass
 class Traffic:
-    """Counts what this rank sent and received while the counter was active."""
+    """Counts what this rank sent and received while the counter was active.
+
+    ``rank``: count only the messages that rank recorded (its sends and its receives),
+    for a process that sees several ranks' messages (the simulator); None counts all.
+    """
     sent_bytes: int = 0
     sent_messages: int = 0
     recv_bytes: int = 0
     recv_messages: int = 0
     steps: set = field(default_factory=set)
+    rank: object = None
 
     @property
     def rounds(self):
@@ -58,6 +63,8 @@ class Traffic:
         return len(self.steps)
 
     def _observe(self, msg):
+        if self.rank is not None and self.rank != (msg.src if msg.kind == "send" else msg.dst):
+            return
         if msg.kind == "send":
             self.sent_bytes += msg.nbytes
             self.sent_messages += 1
@@ -115,8 +122,9 @@ def observing(observer):
         _observers.remove(observer)
 
 
-def count_traffic():
-    """Context manager counting this rank's messages and bytes.
+def count_traffic(rank=None):
+    """Context manager counting this rank's messages and bytes (``rank``: only those of that
+    rank, where one process sees many: ``collectives.sim``).
 
     Example::
 
@@ -125,7 +133,7 @@ def count_traffic():
         >>> t.sent_messages, t.sent_bytes
         (6, 3072)   # Rank 0 of 4, x of 1024 float32: 2(N-1) messages, 2(N-1)/N*S bytes
     """
-    return observing(Traffic())
+    return observing(Traffic(rank=rank))
 
 
 def trace():

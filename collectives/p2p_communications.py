@@ -44,8 +44,9 @@ import zlib
 import torch
 
 from . import observers, settings
+from .door import Door
 from .errors import CollectiveError, CollectiveTimeout
-from .group import resolve
+from .group import group_info
 from .observers import Message
 
 # A tag is a 31-bit int: the call's hash above STEP_BITS, the algorithm's step below.
@@ -157,7 +158,21 @@ class Pending:
         self.entries = []
 
 
-class Comm:
+def hosts_of(ranks):
+    """The host of each of ``ranks`` (global ranks), or None when unknown.
+
+    In a lab (``--lab``), ``COLLECTIVES_LAB_LAYOUT`` names every rank's host, whatever the
+    placement (interleaved too); otherwise ``LOCAL_WORLD_SIZE`` says how many consecutive
+    ranks share a host, as torchrun places them.
+    """
+    layout = settings.lab_layout()
+    if layout is not None:
+        return tuple(layout[g] for g in ranks)
+    local = settings.local_world_size()
+    return None if local is None else tuple(g // local for g in ranks)
+
+
+class Comm(Door):
     """The real door (:class:`collectives.door.Door`): messages between processes for one
     collective call on one group.
 
@@ -178,7 +193,7 @@ class Comm:
     """
 
     def __init__(self, group, collective, algorithm, seq=None, description=None, timeout=None):
-        info = resolve(group, f"collectives.{collective}")
+        info = group_info(group, f"collectives.{collective}")
         self.info = info
         self.group = info.transport
         self.ranks = info.ranks
@@ -197,6 +212,18 @@ class Comm:
             calm_transport_threads(self.group)
             self.group = _gloo_backend(self.group)
         self.call_tag = call_hash(f"{seq}|{self.description}")
+
+    @property
+    def hosts(self):
+        """The host of each group rank (a tuple of host numbers), or None where nothing says.
+
+        From ``LOCAL_WORLD_SIZE`` (torchrun's L ranks per host, global ranks placed
+        host by host): global rank g sits on host g // L. Every rank of a group
+        computes the same tuple from the same variable, so a topology-aware
+        algorithm (``all_reduce_hierarchical``) agrees on its layout without a
+        message. Read only when an algorithm asks (the others never pay for it).
+        """
+        return hosts_of(self.ranks)
 
     def tag(self, step, nbytes):
         """The message's tag: which call, how many bytes, which step.

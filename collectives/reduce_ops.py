@@ -66,19 +66,19 @@ def _kind(dtype):
     return "integer"
 
 
-def resolve(op, dtype, where):
+def reduction(op, dtype, where):
     """Return the :class:`Reduction` for ``op`` on ``dtype`` or raise a clear error."""
     if isinstance(op, ReduceOp):
         op = op.op if hasattr(op, "op") else op
     if not isinstance(op, ReduceOp.RedOpType):
         raise _not_an_op(op, where)
-    return _resolve(op, dtype, where)
+    return _reduction(op, dtype, where)
 
 
-# Cached because every collective call resolves its op, and hashing a ReduceOp
+# Cached because every collective call looks its op up, and hashing a ReduceOp
 # costs ~0.5 us: the checks below hash it four times. Errors are not cached.
 @functools.lru_cache(maxsize=None)
-def _resolve(op, dtype, where):
+def _reduction(op, dtype, where):
     if op not in _NAMES:
         raise _not_an_op(op, where)
     name = _NAMES[op]

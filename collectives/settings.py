@@ -27,6 +27,9 @@ VARIABLES = {
     "COLLECTIVES_GLOO_BATCH": ("1", "gloo's socket threads never preempt the thread they wake (SCHED_BATCH)"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
+    "LOCAL_WORLD_SIZE": ("", "ranks per host (torchrun sets it): the layout the hierarchical all_reduce uses"),
+    "COLLECTIVES_LAB_LAYOUT": ("", "set by --lab: the lab host of every rank, e.g. 0,0,1,1"),
+    "COLLECTIVES_LAB_RATE": ("", "set by --lab: each lab link's rate in bits per second, one way"),
 }
 
 
@@ -126,6 +129,30 @@ def tuning_table():
     return _raw("COLLECTIVES_TUNING_TABLE")
 
 
+def local_world_size():
+    """``LOCAL_WORLD_SIZE``: how many ranks share each host, or None when unset.
+
+    torchrun sets it (``--nproc-per-node``), and places global ranks host by host:
+    ranks 0..L-1 on the first host, L..2L-1 on the next, and so on. The
+    ``hierarchical`` all_reduce takes its layout from it. Not a ``COLLECTIVES_*``
+    variable, but read here like one, with the same checks.
+
+    Raises ValueError naming the variable for anything but a positive integer.
+    """
+    value = _raw("LOCAL_WORLD_SIZE")
+    if value is None:
+        return None
+    try:
+        ranks = int(value)
+    except ValueError:
+        ranks = 0
+    if ranks < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE={value!r} is not valid: it must be a positive integer, "
+                         f"the number of ranks on each host (torchrun sets it); unset, every rank "
+                         f"of a group is taken to share one host")
+    return ranks
+
+
 def data_dir(path=None):
     """The MNIST root: ``path`` if given, else ``COLLECTIVES_DATA``, else ``./data``."""
     return os.path.abspath(path or _raw("COLLECTIVES_DATA") or "data")
@@ -135,3 +162,43 @@ def data_cache_dir():
     """``COLLECTIVES_CACHE``: a writable place for an unpacked copy of a read-only data folder."""
     return os.path.abspath(_raw("COLLECTIVES_CACHE")
                            or os.path.join(os.path.expanduser("~"), ".cache", "collectives"))
+
+
+def lab_layout():
+    """``COLLECTIVES_LAB_LAYOUT`` (set by ``--lab``): the host of rank 0, 1, ..., or None outside a lab.
+
+    Ranks with the same host share its loopback; others cross rate-limited links. Hosts are
+    numbered 0..K-1 and each has a rank.
+
+    Example::
+
+        >>> os.environ["COLLECTIVES_LAB_LAYOUT"] = "0,0,1,1"; lab_layout()
+        [0, 0, 1, 1]
+    """
+    value = _raw("COLLECTIVES_LAB_LAYOUT")
+    if value is None:
+        return None
+    try:
+        layout = [int(x) for x in value.split(",")]
+    except ValueError:
+        layout = []
+    if not layout or min(layout) < 0 or set(layout) != set(range(max(layout) + 1)):
+        raise ValueError(f"COLLECTIVES_LAB_LAYOUT={value!r} is not valid: it must list the host of "
+                         f"every rank, comma-separated, hosts numbered 0..K-1 each with a rank "
+                         f"(e.g. 0,0,1,1); --lab sets it, unset it outside a lab")
+    return layout
+
+
+def lab_rate():
+    """``COLLECTIVES_LAB_RATE`` (set by ``--lab``): a lab link's rate in bits/s one way, or None."""
+    value = _raw("COLLECTIVES_LAB_RATE")
+    if value is None:
+        return None
+    try:
+        rate = int(value)
+    except ValueError:
+        rate = 0
+    if rate <= 0:
+        raise ValueError(f"COLLECTIVES_LAB_RATE={value!r} is not valid: a whole number of bits per "
+                         f"second above 0 (--lab sets it); unset it outside a lab")
+    return rate

@@ -23,7 +23,7 @@ import torch
 from torch.distributed import ReduceOp
 
 from . import api
-from .group import resolve
+from .group import group_info
 
 
 def _where(name):
@@ -48,7 +48,7 @@ def _pieces(name, what, t, n, shape_of_piece):
 
 def _group_size(name, group):
     """The group's size, or None on a rank outside it (which returns at once, as torch's do)."""
-    info = resolve(group, _where(name))
+    info = group_info(group, _where(name))
     return info.size if info.member else None
 
 
@@ -145,11 +145,12 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                       async_op=False, algorithm=None):
     """Rank i's ``input`` rows for rank j go to rank j's ``output``, in rank order.
 
-    Card: carried by ``all_to_all`` (linear or pairwise). ``input`` is cut along
-    dim 0 into N pieces of ``input_split_sizes`` rows (equal pieces when None),
-    ``output`` likewise by ``output_split_sizes``; piece j of rank i's input
-    must have as many rows as piece i of rank j's output. Each rank sends its
-    whole input but its own piece, one message per other rank. Views, no copy.
+    Card: carried by ``all_to_all`` (linear or pairwise; bruck for pieces of one
+    size). ``input`` is cut along dim 0 into N pieces of ``input_split_sizes``
+    rows (equal pieces when None), ``output`` likewise by ``output_split_sizes``;
+    piece j of rank i's input must have as many rows as piece i of rank j's
+    output. Each rank sends its whole input but its own piece, one message per
+    other rank (linear, pairwise). Views, no copy.
 
     Args:
         output (Tensor): Contiguous; where the pieces from every rank land.

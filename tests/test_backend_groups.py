@@ -185,3 +185,43 @@ def test_the_groups_own_timeout_bounds_each_wait():
     seconds, kind, text = results[0]
     assert kind == "CollectiveTimeout" and seconds < 20, results[0]
     assert "timed out after 2 s" in text, text
+
+
+def uneven_gather_world(silent_seconds):
+    """A world that joins its group itself, with the group's own timeout of 3 s (no
+    COLLECTIVES_TIMEOUT below it), then an uneven all_gather that rank 2 never enters."""
+    import datetime
+    import time
+    from collectives.tools.launch import place
+    rank, _, world, _ = place()
+    torch.set_num_threads(1)
+    dist.init_process_group("collectives", init_method="env://", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=3))
+    try:
+        if rank == 2:
+            time.sleep(silent_seconds)            # alive, but never calls the collective
+            return None
+        outs = [torch.zeros(i + 1) for i in range(world)]       # rank i contributes i + 1 elements
+        start = time.monotonic()
+        try:
+            dist.all_gather(outs, torch.full((rank + 1,), float(rank)))
+        except Exception as exc:
+            return time.monotonic() - start, type(exc).__name__, str(exc)
+        return "no error"
+    finally:
+        if rank != 2:
+            dist.destroy_process_group()
+
+
+def test_uneven_all_gather_takes_the_one_path_and_the_groups_timeout():
+    """Issue 23: the backend's uneven all_gather used to build its own door and skip the call
+    machinery, so the group's own timeout (3 s) and the timeout explanation did not apply: it
+    waited COLLECTIVES_TIMEOUT (60 s here) and blamed the neighbour."""
+    from collectives.tools import launch
+    results = launch.start_world(uneven_gather_world, 3, 25, env={"COLLECTIVES_TIMEOUT": "60"},
+                                 timeout=120, start_method="forkserver", preload=["tests.worlds"])
+    for rank in (0, 1):
+        seconds, kind, text = results[rank]
+        assert kind == "CollectiveTimeout" and seconds < 20, results[rank]
+        assert "rank 2" in text and "never answered" in text, text
+        assert "all_gather" in text, text

@@ -202,7 +202,7 @@ def test_choose_reads_the_measured_table(tmp_path, monkeypatch):
              "model": PARAMS}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
-    monkeypatch.setattr(tuning, "_table", lambda: json.loads(path.read_text()))
+    monkeypatch.setattr(tuning.tables, "shipped", lambda: json.loads(path.read_text()))
     tuning.choose.cache_clear()
     try:
         assert tuning.choose("all_reduce", 4096, 4) == "tree"
@@ -242,18 +242,18 @@ def test_a_table_measured_here_replaces_the_packaged_one(tmp_path, monkeypatch):
     path.write_text(json.dumps({"choices": {"all_reduce": {"2": [[4096, "naive_ring"], [1 << 20, "ring"]]}}}))
     try:
         monkeypatch.setenv("COLLECTIVES_TUNING_TABLE", str(path))
-        tuning._table.cache_clear()
+        tuning.reload()
         tuning.choose.cache_clear()
         assert tuning.choose("all_reduce", 4096, 2) == "naive_ring"
         assert tuning.choose("all_reduce", 1 << 20, 2) == "ring"
         monkeypatch.setenv("COLLECTIVES_TUNING_TABLE", str(tmp_path / "typo.json"))
-        tuning._table.cache_clear()
+        tuning.reload()
         tuning.choose.cache_clear()
         with pytest.raises(ValueError, match=r"COLLECTIVES_TUNING_TABLE=.*typo\.json: cannot read"):
             tuning.choose("all_reduce", 4096, 2)
     finally:
         monkeypatch.delenv("COLLECTIVES_TUNING_TABLE")
-        tuning._table.cache_clear()
+        tuning.reload()
         tuning.choose.cache_clear()
     assert tuning.table_path() == tuning.TABLE_PATH
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import collectives
-from collectives import desync
+from collectives import desync as desync_detection
 from tests.worlds import run_world
 
 
@@ -154,7 +154,7 @@ def test_cost_when_off_and_on(desync):
         (on_msgs, on_bytes), (off_msgs, off_bytes) = r["traffic"]
         assert off_msgs == 2 * (3 - 1)   # ring all_reduce
         assert on_msgs == off_msgs + 2
-        assert on_bytes == off_bytes + 2 * (desync.HEADER_BYTES + 16 * 3)
+        assert on_bytes == off_bytes + 2 * (desync_detection.HEADER_BYTES + 16 * 3)
 
 
 def test_absent_rank_times_out_in_the_check(desync):
@@ -171,10 +171,10 @@ def test_desync_error_is_a_collective_error():
 
 def test_off_by_default_and_on_with_1(monkeypatch):
     monkeypatch.delenv("COLLECTIVES_DEBUG", raising=False)
-    assert not desync.enabled()
+    assert not desync_detection.enabled()
     for value, on in (("0", False), ("", False), ("1", True)):
         monkeypatch.setenv("COLLECTIVES_DEBUG", value)
-        assert desync.enabled() == on
+        assert desync_detection.enabled() == on
 
 
 def _always_on_world(rank, world_size):

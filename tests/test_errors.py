@@ -36,8 +36,10 @@ ERRORS = {
     "wrong_list_length": (ValueError, "reduce_scatter: input_list must hold one tensor per rank "
                                       "of the group (2), got 3",
                           lambda r, kw: C.reduce_scatter(_t(2), [_t(2)] * 3, **kw)),
-    "list_entry_shape": (ValueError, "all_gather: tensor_list[0] has shape [3] but tensor has shape [2]",
-                         lambda r, kw: C.all_gather([_t(3), _t(2)], _t(2), **kw)),
+    # uneven entries are allowed (rank i contributes tensor_list[i]), but this rank's own slot
+    # must hold what this rank sends
+    "list_entry_shape": (ValueError, "(this rank's slot) has 3 elements but tensor has 2",
+                         lambda r, kw: C.all_gather([_t(3), _t(3)], _t(2), **kw)),
     "list_entry_dtype": (ValueError, "all_gather: tensor_list[1] has dtype torch.int64 but tensor "
                                      "has torch.float32",
                          lambda r, kw: C.all_gather([_t(2), _t(2, dtype=torch.int64)], _t(2), **kw)),
@@ -93,6 +95,9 @@ ERRORS = {
                                                "backend cannot send (CPU and CUDA tensors only)",
                                    lambda r, kw: C.broadcast(torch.zeros(2, device="meta"), src=0,
                                                              **kw)),
+    "bruck_uneven_pieces": (ValueError, "all_to_all: algorithm='bruck' needs pieces of one size",
+                            lambda r, kw: C.all_to_all([_t(1), _t(2)], [_t(1), _t(2)], algorithm="bruck",
+                                                       **kw)),
 }
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tutorials.exercises import EXERCISES
-from tutorials.exercises.grade import HERE, grade, resolve
+from tutorials.exercises.grade import HERE, _cycle_lines, _worlds_line, grade, resolve
 
 SOLUTIONS = HERE / "solutions"
 WRONG = HERE / "wrong"
@@ -49,12 +49,13 @@ WRONG_CASES = [
       "see chapter 4"]),
     ("all_reduce", "all_reduce_deadlock", (2,), "deadlock",
      ["deadlock. With 2 ranks", "rank 0: in dist.send(dst=1)", "rank 1: in dist.send(dst=0)",
-      "none is receiving", "see chapter 2"]),
+      "A send-send cycle: ranks 0 and 1 each wait to send to the other", "neither is receiving",
+      "see chapter 2"]),
     ("all_reduce", "all_reduce_torch_chunk", (2,), "crash",
      ["raised an error with 2 ranks (tensor float32[1])", "all_reduce_torch_chunk.py\", line 1",
       "IndexError: tuple index out of range", "raised the same error"]),
     ("all_reduce", "all_reduce_one_step_short", (2,), "wrong",
-     ["wrong result with 2 ranks, tensor float32[1] (case 2 of 5)", "rank 0: tensor (had [-2]): expected [1]",
+     ["wrong result with 2 ranks, tensor float32[1] (case 2 of 6)", "rank 0: tensor (had [-2]): expected [1]",
       "rank 1: tensor (had [3]): expected [1]", "received [-2]"]),
     ("all_reduce", "all_reduce_not_in_place", (2,), "wrong",
      ["rank 1: tensor (had [3]): expected [1]", "(unchanged: the result must be written into the tensor passed in"]),
@@ -76,6 +77,23 @@ WRONG_CASES = [
     ("all_gather", "all_gather_rank0_stops_early", (3,), "deadlock",
      ["rank 0: returned from all_gather (case 1)", "rank 1: waiting in req.wait() for dist.irecv(src=0)",
       "Rank 0 already returned from all_gather while others still wait"]),
+    ("reduce_scatter", "reduce_scatter_sums_in_input", (2,), "changed_input",
+     ["correct output, but it changes its input with 2 ranks, input_list of 2 x tensor float32[1]",
+      "rank 0: input_list[0] held [-2] before the call and [1] after",
+      "The caller's tensors must stay as they were", "Passed on no world; failed on 2 (changed_input)."]),
+    ("all_reduce", "all_reduce_own_order", (3,), "wrong",
+     ["ranks end with different bits with 3 ranks, tensor float32[7] where the order of summation matters",
+      "rank 0: [2.0, 2.5, 1.0, 1.5, ...]", "ranks 1, 2: [0.0, 0.0, 0.0, 0.0, ...]",
+      "every rank must end with the same bits"]),
+    ("all_reduce", "all_reduce_recv_buffer_too_large", (3,), "buffer",
+     ["correct on gloo, but rank 0 receives a message of 0 bytes from rank 2 into a buffer of 4 bytes",
+      "NCCL requires a receive of exactly the count sent"]),
+    ("all_gather", "all_gather_bidirectional_even_odd", (2, 3, 4), "deadlock",
+     ["deadlock. With 3 ranks", "rank 0: in dist.send(dst=2)", "rank 1: in dist.recv(src=2)",
+      "A send-send cycle: ranks 0 and 2 each wait to send to the other (0 -> 2 -> 0), and neither is receiving",
+      "with N = 3, ranks 2 and 0 are both even",
+      "Rank 1 waits to receive from rank 2, which is in that cycle.",
+      "Passed on worlds of 2, 4 ranks; failed on 3 (deadlock)."]),
     ("reduce_scatter", "reduce_scatter_everything", (2,), "traffic",
      ["correct, but sends 268800 bytes (rank 0) where the ring sends (N-1) x S = 134400 bytes"]),
     ("all_to_all", "all_to_all_scatter", (2,), "builtin", ["it calls dist.scatter (line 8"]),
@@ -88,6 +106,28 @@ WRONG_CASES = [
     ("zero1_step", "zero1_full_state", (4,), "state",
      ["correct, but a rank keeps 25 values of optimizer state where ZeRO-1 keeps about ceil(P/N) = 7",
       "see chapter 10"]),
+    ("sim_all_reduce", "sim_all_reduce_blocking", (2,), "deadlock",
+     ["deadlock with 2 rank(s)", "send-send cycle: 0 -> 1 -> 0", "rank 0: all_reduce/sim_all_reduce step 0 "
+      "waits to send 4 B to rank 1", "See chapter 14"]),
+    ("sim_all_reduce", "sim_all_reduce_whole_tensor", (3,), "slow",
+     ["correct in all 4 cases, but too slow at scale", "at 64 ranks, 64 MiB on ethernet-100g: 3% of the ring",
+      "Send pieces of S/N"]),
+]
+WRONG_CASES += [   # chapters 16 and 18 (tutorials/exercises/_checks_parallel.py)
+    ("pipeline_1f1b", "pipeline_1f1b_gpipe", (3,), "schedule",
+     ["correct, but stage 0 held the activations of 4 micro-batches at once", "at most p - s = 3", "chapter 16"]),
+    ("pipeline_1f1b", "pipeline_1f1b_no_warmup", (3,), "schedule",
+     ["stage 0 of 3 ran F0 B0 F1 B1 F2 B2 F3 B3; 1F1B runs F0 F1 F2 B0 F3 B1 B2 B3", "2 warm-up forwards"]),
+    ("pipeline_1f1b", "pipeline_1f1b_blocking_send", (2,), "deadlock",
+     ["rank 0: in dist.send(dst=1) of float64[3, 6]", "rank 1: in dist.send(dst=0)", "A send-send cycle: ranks 0 and 1 each wait to send to the other"]),
+    ("pipeline_1f1b", "pipeline_1f1b_drain_reversed", (3,), "wrong",
+     ["stage 0: backward(3, ...) was given micro-batch 2's gradient from the next stage",
+      "arrive in the order they were sent"]),
+    ("fsdp_step", "fsdp_step_keeps_layers", (3,), "schedule",
+     ["correct, but 4 layers' full parameter vectors were alive at once", "at most two", "chapter 18"]),
+    ("fsdp_step", "fsdp_step_all_reduce", (3,), "traffic",
+     ["correct, but sends 3648 bytes (rank 0) where fully sharded data parallel with ring collectives sends "
+      "3(N-1)/N x S = 2736 bytes"]),
 ]
 
 
@@ -148,7 +188,8 @@ def test_an_endless_loop_is_stopped_and_called_stuck(tmp_path):
 
 
 def test_every_wrong_solution_is_tested():
-    tested = {c[1] for c in WRONG_CASES}
+    from tests.test_exercises_parallel_b import WRONG_CASES as PARALLEL_B    # chapters 17 and 19
+    tested = {c[1] for c in WRONG_CASES + PARALLEL_B}
     on_disk = {p.stem for p in WRONG.glob("*.py") if p.stem != "__init__"}
     assert on_disk == tested
 
@@ -205,3 +246,69 @@ def test_a_function_from_a_notebook_cell_is_written_out_and_graded():
     assert text.endswith("all_reduce = my_all_reduce\n")
     verdict = grade("all_reduce", fn, quick=True, world_sizes=(3,))
     assert verdict.passed, verdict.text
+
+
+def test_cycles_of_waits_are_described_as_what_they_are():
+    """Which ranks wait to send to whom, or to receive from whom (no world needed: the statuses alone)."""
+    recv_cycle = ["in dist.recv(src=1) into float32[4]", "in dist.recv(src=2) into float32[4]",
+                  "waiting in req.wait() for dist.irecv(src=0) into float32[4]", "in dist.recv(src=0) into float32[4]"]
+    lines = _cycle_lines(recv_cycle, [], 4)
+    assert lines[0].startswith("A recv-recv cycle: each of ranks 0, 1, 2 waits to receive (rank 0 from rank 1, "
+                               "rank 1 from rank 2, rank 2 from rank 0), and none is sending"), lines
+    assert lines[1] == "Rank 3 waits to receive from rank 0, which is in that cycle."
+    mixed = ["in dist.send(dst=1) of float32[4]", "in dist.recv(src=2) into float32[4]",
+             "in dist.recv(src=0) into float32[4]"]
+    assert _cycle_lines(mixed, [], 3)[0].startswith(
+        "A cycle of waits (0 -> 1 -> 2 -> 0): rank 0 waits to send to rank 1, rank 1 waits to receive from "
+        "rank 2, rank 2 waits to receive from rank 0.")
+    assert _cycle_lines(["in dist.recv(src=1) into float32[4]", "returned from all_reduce (case 1)"], [1], 2) == []
+    assert _cycle_lines(["in dist.send(dst=0) of float32[4]"], [], 1) == [
+        "Rank 0 waits to send to rank 0, itself: a rank cannot be both ends of a blocking message. "
+        "Copy locally instead of sending to yourself."]
+
+
+def test_the_worlds_line_names_each_world_passed_and_failed():
+    assert _worlds_line({1: "pass", 2: "pass", 3: "deadlock", 4: "pass", 5: "deadlock"}) == (
+        "Passed on worlds of 1, 2, 4 ranks; failed on 3 (deadlock), 5 (deadlock).")
+    assert _worlds_line({3: "traffic"}) == "Passed on no world; failed on 3 (traffic)."
+
+
+def test_numeric_exercises_pass_within_tolerance_and_show_the_first_step(capsys):
+    from tutorials.exercises._numeric import NUMERIC
+    for name, exercise in NUMERIC.items():
+        right, steps = exercise.solve()
+        assert len(steps) >= 2, f"{name}: a worked solution has steps"
+        assert grade(name, right * (1 + exercise.tolerance / 2)).passed, name
+        wrong = grade(name, right * (1 + 3 * exercise.tolerance))
+        assert not wrong.passed and wrong.reason == "wrong"
+        assert f"The worked solution starts:\n  1. {steps[0]}\n" in wrong.text
+        assert steps[1] not in wrong.text, "only the first step is shown"
+    assert not grade("busbw", "lots").passed
+    unanswered = grade("alpha_beta_ring", None)
+    assert unanswered.reason == "not_written" and unanswered.text.startswith("NOT WRITTEN alpha_beta_ring: no answer")
+
+
+def test_numeric_answers_are_the_library_s_own_figures():
+    from collectives.tuning import cost_model
+    from tutorials.exercises._numeric import NUMERIC, PARAMS
+    assert NUMERIC["alpha_beta_ring"].solve()[0] == cost_model.predict("all_reduce", "ring", 8, 64 << 20, PARAMS) * 1e3
+    assert NUMERIC["adam_memory"].solve()[0] == 120.0             # 16 bytes x 7.5e9 (the ZeRO paper's example)
+    assert round(NUMERIC["zero2_memory"].solve()[0], 2) == 16.64   # 2 Psi + 14 Psi / 64
+
+
+def test_chapter_13_shows_what_the_grader_prints():
+    chapter = (HERE.parent / "13_communication_arithmetic.md").read_text()
+    shown = chapter.split("$ python -m tutorials.exercises.grade busbw --answer 83.9\n")[1].split("```")[0]
+    run = subprocess.run([sys.executable, "-m", "tutorials.exercises.grade", "busbw", "--answer", "83.9"],
+                         capture_output=True, text=True, timeout=120, cwd=HERE.parent.parent)
+    assert run.returncode == 1 and run.stdout == shown, run.stdout + run.stderr[-2000:]
+
+
+def test_the_librarys_own_modules_are_switched_off_too(tmp_path):
+    """A solution that reaches our collectives through ``collectives.api`` (not the package's
+    top-level names) is caught like one that calls the built-in."""
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text("from collectives import api\n\n\ndef all_reduce(tensor, group=None):\n"
+                      "    api.all_reduce(tensor, group=group)\n")
+    verdict = grade("all_reduce", str(sneaky), quick=True, world_sizes=(2,), hang_seconds=10)
+    assert not verdict.passed and verdict.reason == "builtin", verdict.text

@@ -174,7 +174,7 @@ def later(q):
     q.put({k: os.environ.get(k) for k in ("TORCHELASTIC_USE_AGENT_STORE", "MASTER_PORT", "WORLD_SIZE")})
 
 if __name__ == "__main__":
-    launch.start(world, 2, start_method="forkserver", preload=["collectives"], timeout=60)
+    launch.start_world(world, 2, start_method="forkserver", preload=["collectives"], timeout=60)
     ctx = mp.get_context("forkserver")      # the same fork server, started by the world above
     q = ctx.Queue()
     p = ctx.Process(target=later, args=(q,))

@@ -21,7 +21,7 @@ LAYERS = [
     ("interfaces", ["door", "observers", "group"]),
     ("the real door", ["p2p_communications"]),
     ("around the door", ["desync", "engine", "tuning/"]),
-    ("the call path", ["call", "api", "tensor_api"]),
+    ("the call path", ["call", "api", "tensor_api", "p2p_api"]),
     ("built on the collectives", ["backend/", "parallel/", "tools/", "sim/"]),
     ("applications", ["train/", "__init__"]),
 ]
@@ -141,7 +141,7 @@ def test_only_settings_reads_collectives_variables():
 def test_readme_variable_table_matches_settings():
     from collectives import settings
     readme = (ROOT / "README.md").read_text()
-    table = set(re.findall(r"^\| `(COLLECTIVES_[A-Z_]+)(?:=[^`]*)?` \|", readme, flags=re.M))
+    table = set(re.findall(r"^\| `(COLLECTIVES_[A-Z_]+|LOCAL_WORLD_SIZE)(?:=[^`]*)?` \|", readme, flags=re.M))
     assert table == set(settings.VARIABLES), (
         f"README's table of variables and collectives/settings.py differ: only in README "
         f"{sorted(table - set(settings.VARIABLES))}, only in settings {sorted(set(settings.VARIABLES) - table)}")
@@ -158,3 +158,13 @@ def test_only_the_door_calls_send_and_recv():
                 re.search(r"dist\.(send|recv|isend|irecv|batch_isend_irecv)\(", path.read_text()):
             callers.append(name)
     assert not callers, f"only the door may call send/recv: {callers}"
+
+
+def test_the_real_door_implements_the_interface():
+    from collectives.door import Door, Pending
+    from collectives.p2p_communications import Comm
+    from collectives.p2p_communications import Pending as RealPending
+    assert Door in Comm.__mro__          # declared, not only duck-typed
+    for name in ("post", "exchange", "send", "recv", "sendrecv"):
+        assert callable(getattr(Comm, name)), name
+    assert callable(RealPending.wait) and hasattr(Pending, "wait")

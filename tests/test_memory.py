@@ -50,7 +50,7 @@ def run(collective, algorithm, n, rank, e):
     return (S as ``cost`` counts it, bytes allocated)."""
     comm = Comm(dist.group.WORLD, collective, algorithm)
     fn = REGISTRY[collective][algorithm]
-    red = reduce_ops.resolve(dist.ReduceOp.SUM, torch.float32, "test")
+    red = reduce_ops.reduction(dist.ReduceOp.SUM, torch.float32, "test")
     x = torch.ones(e)
     lists = [torch.ones(e) for _ in range(n)]
     inputs = [torch.ones(e) for _ in range(n)]

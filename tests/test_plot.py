@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from collectives.tools import plot  # noqa: E402
+from collectives.tools import perfetto, plot  # noqa: E402
 from collectives.observers import Message  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def test_ring_ownership_first_step_adds_one_rank():
 
 
 def test_pair_messages_matches_every_send_to_its_recv():
-    pairs = plot.pair_messages(ring_messages(4))
+    pairs = perfetto.pair_messages(ring_messages(4))
     assert len(pairs) == 6 * 4
     for send, recv in pairs:
         assert (send.kind, recv.kind) == ("send", "recv")
@@ -105,7 +105,6 @@ def test_cost_model_figure_draws_every_algorithm_at_two_sizes():
 
 def test_timeline_draws_a_perfetto_trace_file_the_same_way(tmp_path):
     """timeline reads the trace JSON perfetto writes: same arrows, lanes, and the program's spans."""
-    from collectives.tools import perfetto
     messages = ring_messages(4)
     spans = [(r, "backward", -1e-3, 5e-3) for r in range(4)]
     path = perfetto.export_chrome_trace(messages, str(tmp_path / "t.json"), spans=spans)
@@ -126,7 +125,7 @@ def test_call_records_in_a_trace_are_drawn_or_ignored():
     mixed = messages + [CallRecord("all_reduce", "ring", 0, (0, 1, 2, 3), r, 64, 0.0, 6e-3) for r in range(4)]
     _, states = plot.ring_ownership(mixed)
     assert states == plot.ring_ownership(messages)[1]
-    assert len(plot.pair_messages(mixed)) == 24 and plot.ranks_of(mixed) == [0, 1, 2, 3]
+    assert len(perfetto.pair_messages(mixed)) == 24 and plot.ranks_of(mixed) == [0, 1, 2, 3]
     ax = plot.bytes_per_rank({"ring": mixed})
     assert sorted(round(b.get_height()) for b in ax.patches) == [6 * 16] * 4
     ax = plot.timeline(mixed)

@@ -86,7 +86,7 @@ def test_then_the_model_with_this_machines_parameters(cache, caplog):
 def test_another_machines_cache_is_not_read(cache, monkeypatch):
     write_cache({"choices": {"all_reduce": {"4": [[4096, "naive_ring"]]}}})
     assert tuning.choose("all_reduce", 4096, 4) == "naive_ring"
-    monkeypatch.setattr(tuning, "machine", lambda: {"host": "elsewhere", "cpu": "x", "cores": 64})
+    monkeypatch.setattr(tuning.tables, "machine", lambda: {"host": "elsewhere", "cpu": "x", "cores": 64})
     tuning.reload()
     assert tuning.choose("all_reduce", 4096, 4) != "naive_ring"
 

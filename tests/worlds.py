@@ -2,7 +2,7 @@
 
 Starting a world costs seconds when each process imports torch afresh, so:
 processes are forked from a server that imported torch and collectives once
-(``collectives.tools.launch.start`` with the ``forkserver`` start method and this
+(``collectives.tools.launch.start_world`` with the ``forkserver`` start method and this
 module preloaded), and a test runs many cases inside one world.
 ``run_world(fn, n)`` starts ``n`` processes on a free port, calls
 ``fn(rank, n, *args)`` in each after ``init_process_group``, and returns the

@@ -56,6 +56,10 @@ def median_call(calls):
 def step_diagram(messages, ax=None, title=None):
     """Who sends to whom in each step of an algorithm, time left out: one column per step.
 
+    A step is chapter 5's: each rank sends at most one message in it. Where an
+    algorithm posts several messages from one rank at once (the linear root posts
+    N-1), they leave one after another over that rank's link, so they take one
+    column each, as the cost model charges them (alpha x max(steps, messages)).
     Ranks that neither send nor receive in a step are marked idle. Exact: it
     shows the algorithm's schedule, not this machine's timing.
 
@@ -70,11 +74,18 @@ def step_diagram(messages, ax=None, title=None):
     ax = ax or plt.subplots(figsize=(6, 3), constrained_layout=True)[1]
     sends = [m for m in messages if m.kind == "send"]
     ranks = plot.ranks_of(messages)
-    steps = sorted({m.step for m in sends})
+    columns = []   # one list of messages per step, at most one sent by each rank
+    for step in sorted({m.step for m in sends}):
+        queued = {}
+        for m in sorted((m for m in sends if m.step == step), key=lambda m: (m.src, m.dst)):
+            queued.setdefault(m.src, []).append(m)
+        for k in range(max(len(q) for q in queued.values())):
+            columns.append([q[k] for q in queued.values() if k < len(q)])
+    steps = range(len(columns))
     cmap = plt.get_cmap("tab10")
-    for i, step in enumerate(steps):
+    for i, column in enumerate(columns):
         busy = set()
-        for m in (m for m in sends if m.step == step):
+        for m in column:
             busy |= {m.src, m.dst}
             # Curved so that an exchange (a -> b and b -> a in one step) shows as two arrows.
             ax.annotate("", xy=(i + 0.85, m.dst), xytext=(i + 0.15, m.src),

@@ -12,10 +12,12 @@ validation, reshaping, staging and dispatch around them.
 Adding an algorithm: its module (the function named after the collective, and
 ``cost``), one line in ``MODULES``, its test.
 """
-from . import (all_gather_recursive_doubling, all_gather_ring, all_reduce_naive_ring,
+from . import (all_gather_bruck, all_gather_recursive_doubling, all_gather_ring,
+               all_reduce_double_binary_tree, all_reduce_hierarchical, all_reduce_naive_ring,
                all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring,
                all_reduce_ring_pipelined,
-               all_reduce_tree, all_to_all_linear, all_to_all_pairwise, barrier_dissemination,
+               all_reduce_tree, all_to_all_bruck, all_to_all_linear, all_to_all_pairwise,
+               barrier_dissemination,
                broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
                broadcast_scatter_allgather, gather_binomial_tree, gather_linear,
                reduce_binomial_tree, reduce_linear, reduce_scatter_recursive_halving,
@@ -40,6 +42,8 @@ MODULES = {
         "recursive_doubling": all_reduce_recursive_doubling,
         "rabenseifner": all_reduce_rabenseifner,
         "tree": all_reduce_tree,
+        "double_binary_tree": all_reduce_double_binary_tree,
+        "hierarchical": all_reduce_hierarchical,
     },
     "scatter": {
         "linear": scatter_linear,
@@ -52,6 +56,7 @@ MODULES = {
     "all_gather": {
         "ring": all_gather_ring,
         "recursive_doubling": all_gather_recursive_doubling,
+        "bruck": all_gather_bruck,
     },
     "reduce_scatter": {
         "ring": reduce_scatter_ring,
@@ -60,6 +65,7 @@ MODULES = {
     "all_to_all": {
         "linear": all_to_all_linear,
         "pairwise": all_to_all_pairwise,
+        "bruck": all_to_all_bruck,
     },
     "barrier": {
         "dissemination": barrier_dissemination,

@@ -419,7 +419,7 @@ def _op(op, opts, tensors):
     red_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
     dtype = tensors[0].dtype if tensors else torch.float32
     try:  # checked here so the error names torch's operation; our API takes the op itself
-        return reduce_ops.resolve(red_op, dtype, f"collectives backend: {op}").op
+        return reduce_ops.reduction(red_op, dtype, f"collectives backend: {op}").op
     except TypeError as exc:  # PREMUL_SUM and friends: torch builds them for NCCL only
         raise UnsupportedOperation(str(exc)) from None
 

@@ -123,6 +123,9 @@ class DataParallel(nn.Module):
             0's buffers (e.g. BatchNorm statistics) to every rank.
         bucket_cap_mb (float): Approximate size of one gradient bucket.
         algorithm (str, optional): All-reduce algorithm; None picks by size.
+        compression (optional): How each bucket is sent: None (full precision), or an object
+            of :mod:`collectives.parallel.compression` (``HalfPrecision(torch.float16)``,
+            ``PowerSGD(rank=4)``), whose ``start()`` leaves the sum over ranks in the bucket.
 
     Example::
 
@@ -133,7 +136,8 @@ class DataParallel(nn.Module):
         ...     loss_fn(model(x2), y2).backward()
     """
 
-    def __init__(self, module, group=None, broadcast_buffers=True, bucket_cap_mb=25, algorithm=None):
+    def __init__(self, module, group=None, broadcast_buffers=True, bucket_cap_mb=25, algorithm=None,
+                 compression=None):
         super().__init__()
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
@@ -141,6 +145,7 @@ class DataParallel(nn.Module):
         self.group = group
         self.broadcast_buffers = broadcast_buffers
         self.algorithm = algorithm
+        self.compression = compression
         self.world_size = dist.get_world_size(group)
         self.src = dist.get_process_group_ranks(group)[0] if group is not None else 0
         self.require_sync = True
@@ -188,7 +193,11 @@ class DataParallel(nn.Module):
             b = self.buckets[self._next]
             b.seal()
             self._next += 1
-            b.work = api.all_reduce(b.flat, group=self.group, async_op=True, algorithm=self.algorithm)
+            if self.compression is None:
+                b.work = api.all_reduce(b.flat, group=self.group, async_op=True, algorithm=self.algorithm)
+            else:   # the "used" flags after the slots need only stay zero or not: any compression keeps that
+                b.work = self.compression.start([id(p) for p in b.params], b.slots, b.flat, self.group,
+                                                 self.algorithm)
 
     @torch.no_grad()
     def _finish(self):

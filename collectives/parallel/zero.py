@@ -23,8 +23,8 @@ reduced and keeps only its shard of them (the gradient memory held between
 steps falls as 1/N too). DeepSpeed's stage 2 reduces gradients bucket by
 bucket during backward, so the full gradient never exists at once; here they
 are reduced after backward, which keeps the code short and the peak memory
-unchanged. Stage 3 (sharding the parameters themselves, as FSDP does) is not
-here.
+unchanged. Stage 3 (sharding the parameters themselves, as FSDP does) is
+``collectives/parallel/fsdp.py`` (chapter 18).
 
 Reference: S. Rajbhandari, J. Rasley, O. Ruwase, Y. He, "ZeRO: Memory
 Optimizations Toward Training Trillion Parameter Models", SC 2020.

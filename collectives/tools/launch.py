@@ -3,23 +3,28 @@
 Every rank reads its place in the job from the environment torchrun defines
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``). Under ``torchrun`` those are already set;
-otherwise :func:`start` starts the processes and sets them. One implementation
+otherwise :func:`start_world` starts the processes and sets them. One implementation
 serves every caller:
 
-* :func:`start` starts ``world_size`` local processes around a store it
+* :func:`start_world` starts ``world_size`` local processes around a store it
   hosts on a free port (or a valid ``MASTER_PORT``), as torchrun's agent does,
   calls ``fn(*args)`` in each and returns what each
   returned. When a rank raises or dies, the others are stopped (SIGTERM, then
   SIGKILL) and :class:`WorldError` names the rank that caused it, with its
   traceback, once. A hard ``timeout`` kills every process instead of hanging.
   Workers die with the launcher (``PR_SET_PDEATHSIG``), so none is orphaned.
-* :func:`launch`: the command-line form (training, benchmarks): under torchrun
-  it calls ``fn`` in this process; otherwise :func:`start`, the failure report
+* :func:`run_job`: the command-line form (training, benchmarks): under torchrun
+  it calls ``fn`` in this process; otherwise :func:`start_world`, the failure report
   on stderr, and an exit code.
-* :func:`run_in_group`: :func:`start` with each rank already in a process group,
+* :func:`run_in_group`: :func:`start_world` with each rank already in a process group,
   calling ``fn(rank, world_size, *args)``: what demos and tests use.
 * :func:`init_process_group`: inside a rank, join the job and pick the backend
   and device from every rank's host and GPU count (``--backend auto``).
+* ``lab=`` (every launcher's ``--lab hosts=K[,ranks-per-host=L][,rate=1gbit]``): the
+  world runs in a lab of K hosts joined by rate-limited links (:mod:`collectives.tools.lab`),
+  each rank inside its host, told its place as torchrun would (``LOCAL_RANK``,
+  ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) and the lab's layout (``COLLECTIVES_LAB_LAYOUT``).
+  The lab is built for the world and gone after it.
 
 Example::
 
@@ -41,6 +46,8 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from . import lab as lab_tools
 
 
 class SetupError(RuntimeError):
@@ -236,8 +243,10 @@ def _environment(env):
         os.environ.update(saved)
 
 
-def _child(rank, env, fn, args, results):
-    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+def _child(rank, env, fn, args, results, netns=None):
+    if netns:   # a lab host: enter it before anything opens a socket
+        lab_tools.enter(netns)
+    os.environ.update({"LOCAL_RANK": str(rank), **env, "RANK": str(rank)})
     _die_with_parent()
     try:
         value = fn(*args)
@@ -279,8 +288,18 @@ def _report(errors, first, world_size):
     return cause, text
 
 
-def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", preload=(),
-          expect_exit=None):
+def lab_spec(lab):
+    """``lab`` as a :class:`~collectives.tools.lab.LabSpec` (None, a spec, or ``"hosts=4,..."``)."""
+    if lab is None or isinstance(lab, lab_tools.LabSpec):
+        return lab
+    try:
+        return lab_tools.parse_lab(lab)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+
+
+def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spawn", preload=(),
+                expect_exit=None, lab=None):
     """Start ``world_size`` processes, run ``fn(*args)`` in each; return their results in rank order.
 
     Args:
@@ -296,25 +315,48 @@ def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", p
         preload (list[str]): Modules the fork server imports.
         expect_exit (dict, optional): rank -> exit code for ranks meant to die
             (fault tests); their result is None.
+        lab (LabSpec or str, optional): Run the world in a lab of hosts
+            (``"hosts=2,ranks-per-host=2,rate=1gbit"``), built now and torn down after.
 
     Returns:
         list: ``fn``'s return value on rank 0, 1, ..., world_size - 1.
 
     Raises:
-        SetupError: ``MASTER_PORT`` is unusable.
+        SetupError: ``MASTER_PORT`` is unusable, or the lab cannot be built here or does not
+            fit the world (the message says which).
         WorldError: a rank raised or died (the others were stopped).
         TimeoutError: the world did not finish within ``timeout``.
     """
+    spec = lab_spec(lab)
+    if spec is None:
+        return _start(fn, world_size, args, env, timeout, start_method, preload, expect_exit, None)
+    try:
+        layout = spec.layout(world_size)
+        lab_tools.check_available()
+    except (ValueError, lab_tools.LabUnavailable) as exc:
+        raise SetupError(f"--lab: {exc}") from None
+    with lab_tools.Lab(spec) as built:
+        return _start(fn, world_size, args, env, timeout, start_method, preload, expect_exit,
+                      (built, layout))
+
+
+def _start(fn, world_size, args, env, timeout, start_method, preload, expect_exit, lab):
     expect_exit = dict(expect_exit or {})
-    addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = 0
-    if os.environ.get("MASTER_PORT"):
-        port = master_port(os.environ["MASTER_PORT"])
-        check_port(addr, port)
+    if lab:
+        # The store lives on host 0, at its address; the namespace is the lab's own, so port 0
+        # (any free port) cannot meet another program's.
+        built, layout = lab
+        addr, port, where = built.addresses[0], 0, lab_tools.inside(built.netns[0])
+    else:
+        addr, port, where = os.environ.get("MASTER_ADDR") or "127.0.0.1", 0, contextlib.nullcontext()
+        if os.environ.get("MASTER_PORT"):
+            port = master_port(os.environ["MASTER_PORT"])
+            check_port(addr, port)
     # The launcher hosts the job's store, as torchrun's agent does: the port is bound here
     # once and held, so no other program can take it between choosing it and rank 0 binding
     # it (a free port picked and released raced with parallel test runs).
-    store = dist.TCPStore(addr, port, is_master=True, wait_for_workers=False)
+    with where:
+        store = dist.TCPStore(addr, port, is_master=True, wait_for_workers=False)
     env = {**(env or {}), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
            "GROUP_RANK": "0", "MASTER_ADDR": addr, "MASTER_PORT": str(store.port),
            "TORCHELASTIC_USE_AGENT_STORE": "True"}
@@ -322,8 +364,14 @@ def start(fn, world_size, *args, env=None, timeout=None, start_method="spawn", p
     if start_method == "forkserver":
         ctx.set_forkserver_preload(list(preload))
     results = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(r, env, fn, args, results), daemon=False)
-             for r in range(world_size)]
+
+    def child_args(r):
+        if not lab:
+            return (r, env, fn, args, results)
+        return (r, {**env, **lab_tools.rank_environment(built, layout, r)}, fn, args, results,
+                built.netns[layout[r]])
+
+    procs = [ctx.Process(target=_child, args=child_args(r), daemon=False) for r in range(world_size)]
     # Spawned interpreters see the job's environment from their first import. A forked child
     # needs only what _child sets, and a fork server, started here the first time, must start
     # in this process's own environment: every later process is forked from it.
@@ -400,28 +448,36 @@ def _stop(procs):
             p.join()
 
 
-def launch(fn, world_size, args=()):
+def run_job(fn, world_size, args=(), lab=None):
     """Run ``fn(*args)`` on every rank of a command-line job; return the exit code.
 
     Under torchrun ``fn`` runs in this process and its exceptions propagate
     (traceback on stderr, non-zero exit). Otherwise ``world_size`` processes are
-    started; a failure is reported on stderr, once.
+    started (in a lab of hosts with ``lab``, see :func:`start_world`); a failure is
+    reported on stderr, once.
 
     Returns:
         int: 0 if every rank finished, 1 if one failed (after stopping the rest).
+
+    Raises:
+        SetupError: the lab cannot start, or ``lab`` was given under torchrun.
     """
     if under_torchrun():
+        if lab is not None:
+            raise SetupError("--lab starts its own processes, one set per lab host; under torchrun "
+                             "leave it out, or run `python -m collectives.tools.lab torchrun --lab ...` "
+                             "for a torchrun agent per lab host")
         fn(*args)
         return 0
     try:
-        start(fn, world_size, *args)
+        start_world(fn, world_size, *args, lab=lab)
     except WorldError as exc:
         print(f"collectives.tools.launch: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def _in_group(fn, backend, threads, args):
+def _rank_in_group(fn, backend, threads, args):
     rank, _, world, _ = place()
     # Every process would otherwise start one thread per core; N processes
     # sharing the cores then mostly wait for each other.
@@ -436,13 +492,13 @@ def _in_group(fn, backend, threads, args):
 
 
 def run_in_group(fn, world_size, *args, backend="gloo", threads=1, **options):
-    """:func:`start` ``world_size`` ranks in a ``backend`` group; each runs ``fn(rank, world_size, *args)``.
+    """:func:`start_world` ``world_size`` ranks in a ``backend`` group; each runs ``fn(rank, world_size, *args)``.
 
-    ``options`` are :func:`start`'s (env, timeout, start_method, preload, expect_exit).
+    ``options`` are :func:`start_world`'s (env, timeout, start_method, preload, expect_exit).
 
     Example::
 
         >>> run_in_group(hello, 2)   # hello(rank, world_size) returns f"rank {rank}"
         ['rank 0', 'rank 1']
     """
-    return start(_in_group, world_size, fn, backend, threads, args, **options)
+    return start_world(_rank_in_group, world_size, fn, backend, threads, args, **options)

@@ -48,7 +48,7 @@ def load_checkpoint(path):
 # Where and how it runs (world size, backend, device, paths, threads, progress bar) may change,
 # and --epochs / --max-steps may be raised to train further.
 MUST_MATCH = ("batch_size", "lr", "momentum", "weight_decay", "algorithm", "sync", "bucket_cap_mb",
-              "split", "seed", "subset")
+              "split", "seed", "subset", "compression")
 MAY_RAISE = ("epochs", "max_steps")
 
 

@@ -10,6 +10,9 @@ Examples::
     torchrun --nnodes 2 --node_rank 0 --nproc_per_node 2 --master_addr HOST --master_port 29400 \
         -m collectives.train
 
+    # 4 ranks on 4 lab hosts joined by 1 Gbit/s links (root; see collectives/tools/lab)
+    python -m collectives.train --world-size 4 --lab hosts=4,rate=1gbit
+
     # continue after a crash, from the last checkpoint in --out
     python -m collectives.train --world-size 4 --resume
 
@@ -27,6 +30,7 @@ import sys
 
 from ..algorithms import ALGORITHMS
 from ..tools import launch
+from ..tools.lab import FLAG_HELP, lab_argument, parse_lab, unavailable_reason
 from .checkpoint import check_resume
 from .data import per_rank_batch
 from .lock import acquire_lock, release_lock
@@ -50,6 +54,10 @@ def parse_args(argv=None):
     p.add_argument("--sync", choices=["naive", "bucketed"], default="bucketed",
                    help="naive: one all_reduce per parameter after backward; bucketed: DDP-style")
     p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--compression", choices=["fp16", "bf16", "powersgd"], default=None,
+                   help="send the gradients compressed (bucketed sync only): fp16/bf16 halve the bytes, "
+                        "powersgd sends rank-r factors with error feedback (default: full precision)")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="r of --compression powersgd")
     p.add_argument("--split", choices=["sampler", "partition"], default="sampler",
                    help="DistributedSampler (reshuffled per epoch) or the tutorial's DataPartitioner")
     p.add_argument("--data-dir", default=None, help="MNIST root (default: $COLLECTIVES_DATA or ./data)")
@@ -63,6 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads per rank (default: cores // ranks on this node, at least 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    # Kept as its canonical text: the run's arguments go into checkpoints, readable without us.
+    p.add_argument("--lab", type=lambda text: str(lab_argument(text)), default=None,
+                   metavar="hosts=K,...", help=FLAG_HELP)
     return p.parse_args(argv)
 
 
@@ -76,19 +87,31 @@ def main(argv=None):
     """
     args = parse_args(argv)
     try:
+        if args.compression and args.sync != "bucketed":
+            raise launch.SetupError(f"--compression {args.compression} needs --sync bucketed "
+                                    f"(it compresses DataParallel's buckets)")
+        if args.powersgd_rank < 1:
+            raise launch.SetupError(f"--powersgd-rank must be at least 1, got {args.powersgd_rank}")
         finished = check_resume(args)
         if finished:
             if not launch.under_torchrun() or launch.place()[0] == 0:
                 print(f"collectives.train: {finished}", flush=True)
             return
         if launch.under_torchrun():
-            launch.launch(worker, None, (args, True))
+            launch.run_job(worker, None, (args, True), lab=args.lab)
             return
         if args.world_size < 1:
             raise launch.SetupError(f"--world-size must be at least 1, got {args.world_size}")
         if os.environ.get("MASTER_PORT"):
             launch.check_port(os.environ.get("MASTER_ADDR") or "127.0.0.1",
                               launch.master_port(os.environ["MASTER_PORT"]))
+        if args.lab is not None:
+            try:
+                parse_lab(args.lab).layout(args.world_size)
+            except ValueError as exc:
+                raise launch.SetupError(str(exc)) from None
+            if unavailable_reason():
+                raise launch.SetupError(f"--lab: {unavailable_reason()}")
         here = [{"host": socket.gethostname(), "gpus": launch.visible_gpus()}] * args.world_size
         launch.choose_backend(args.backend, args.device, here)
         try:
@@ -98,7 +121,7 @@ def main(argv=None):
         lock = acquire_lock(args.out)
         try:
             data_root(args.data_dir, download=True)   # once, before the ranks start
-            code = launch.launch(worker, args.world_size, (args,))
+            code = launch.run_job(worker, args.world_size, (args,), lab=args.lab)
         finally:
             release_lock(lock)
     except launch.SetupError as exc:

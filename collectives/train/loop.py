@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import api
+from .. import api, settings
+from ..parallel.compression import make as make_compression
 from ..parallel.data_parallel import DataParallel
 from ..parallel.data_parallel_naive import NaiveDataParallel
 from ..tools import launch
@@ -53,6 +54,8 @@ def worker(args, lock_out=False):
     ``lock_out``: take ``--out``'s lock on rank 0 (under torchrun; otherwise main() holds it).
     """
     rank, _, world, local_world = launch.place()
+    if settings.lab_layout():   # lab hosts are namespaces of this one machine: they share its cores
+        local_world = world
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
     torch.use_deterministic_algorithms(True, warn_only=True)
     lock = acquire_lock(args.out) if lock_out and rank == 0 else None
@@ -95,7 +98,9 @@ def train(args, rank, world, device, backend):
     if args.sync == "naive":
         model = NaiveDataParallel(model, algorithm=args.algorithm)
     else:
-        model = DataParallel(model, bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)
+        compression = make_compression(args.compression, getattr(args, "powersgd_rank", 4))
+        model = DataParallel(model, bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm,
+                             compression=None if args.compression is None else compression)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                           weight_decay=args.weight_decay)
     epoch, start, history = 0, 0, []
@@ -112,7 +117,8 @@ def train(args, rank, world, device, backend):
         os.makedirs(args.out, exist_ok=True)
         where = f"resuming at epoch {epoch + 1}, step {start}" if ckpt else "starting"
         print(f"collectives.train: {where}; {world} ranks, backend {backend}, device {device.type}, "
-              f"{args.sync} sync, global batch {args.batch_size} "
+              f"{args.sync} sync{', ' + args.compression + ' gradients' if getattr(args, 'compression', None) else ''}, "
+              f"global batch {args.batch_size} "
               f"({per_rank_batch(args.batch_size, world)} per rank), {steps_per_epoch} steps per epoch",
               flush=True)
 

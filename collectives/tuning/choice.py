@@ -21,6 +21,12 @@ Sources, first match wins:
    (trees, recursive doubling), bandwidth-bound (large) ones few bytes per rank
    (rings, pipelines).
 
+Algorithms whose module sets ``AUTO = "measured"`` (the topology-aware and
+Bruck algorithms: the model here sees neither hosts nor links) are picked only
+from a measured table, where tuning timed them and they won; ``AUTO = "never"``
+(Bruck's all_to_all, which needs pieces of one size while ``all_to_all`` allows
+uneven ones) only by name.
+
 Whatever the source, the choice is among the algorithms that need at most S/N +
 4 MiB of temporary memory (each module's ``cost().extra_memory``; :func:`allowed`):
 a whole-tensor algorithm may win at 16 MiB by a few percent, but not at the price
@@ -37,7 +43,7 @@ import functools
 import logging
 import math
 
-from ..algorithms import ALGORITHMS, cost
+from ..algorithms import ALGORITHMS, MODULES, cost
 from . import cost_model, tables
 from .tables import BEYOND, SMALL_BYTES, TABLE_PATH, cache_path, table_path
 
@@ -67,12 +73,18 @@ def allowed(collective, nbytes, group_size):
     bytes of temporary memory (their ``cost().extra_memory``), so whole-tensor algorithms
     (recursive doubling, trees, naive_ring) serve small tensors only; if none is that frugal
     (reduce_scatter copies its input), those that need the least."""
-    names = ALGORITHMS[collective]
+    names = tuple(a for a in ALGORITHMS[collective] if auto(collective, a) != "never")
     if group_size < 2:
         return names
     need = {a: cost(collective, a, group_size, nbytes).extra_memory for a in names}
     fits = tuple(a for a in names if need[a] <= nbytes // group_size + MEMORY_SLACK)
     return fits or tuple(a for a in names if need[a] == min(need.values()))
+
+
+def auto(collective, algorithm):
+    """How ``algorithm=None`` may pick an algorithm: "model" (from a table or the cost
+    model), "measured" (only where a measured table names it) or "never" (by name only)."""
+    return getattr(MODULES[collective][algorithm], "AUTO", "model")
 
 
 def _measured(table, collective, nbytes, group_size, names):
@@ -118,7 +130,8 @@ def explain(collective, nbytes, group_size):
                 pick = measured(table, collective, nbytes, group_size, names)
             else:
                 params = _model(table, group_size)
-                pick = params and cost_model.best(collective, names, group_size, max(nbytes, 1), params)
+                modelled = [a for a in names if auto(collective, a) == "model"]
+                pick = params and cost_model.best(collective, modelled, group_size, max(nbytes, 1), params)
             if pick:
                 return pick, source
     pick = rule_of_thumb(collective, nbytes, group_size)

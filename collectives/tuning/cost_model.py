@@ -19,6 +19,11 @@ queue behind each other. A module whose time does not follow from that (the
 pipelined ring overlaps reductions with transfers) states ``time(n, s, alpha,
 beta, gamma)`` beside its cost, and that is used instead.
 
+The simulator (``collectives.sim``) plays the same model out message by message, on
+topologies with shared links; on a flat, uncontended switch, for every algorithm whose
+steps wait for one another, its time equals :func:`predict`'s (``tests/test_sim.py``
+holds the two equal), so ``algorithm=None`` and the simulator use one model of cost.
+
 ``size`` is the size of the call as ``collectives.algorithms._cost.SIZE_OF_CALL``
 defines it for each collective (nccl-tests' convention).
 

@@ -3,10 +3,12 @@
     python -m tutorials.demos.ch05_algorithms
 
 Each algorithm runs once under ``collectives.trace()``. From the messages it
-really sent, the alpha-beta model predicts its time: every step costs alpha
-(latency) plus beta times the largest message of that step (bandwidth), and
-steps run one after another. That prediction, evaluated at every message size,
-says which algorithm wins where.
+really sent, the cost model predicts its time as ``cost_model.predict`` does:
+alpha x max(steps, messages) + beta x max(critical bytes, bytes sent, bytes
+received), steps running one after another, each as long as its largest
+message (the critical bytes sum those). Gamma, the time to reduce a byte, is 0
+here: a trace shows messages, not additions (chapter 13 adds it). That
+prediction, evaluated at every message size, says which algorithm wins where.
 """
 import torch
 import torch.distributed as dist
@@ -23,23 +25,30 @@ ALGORITHMS = ["naive_ring", "ring", "recursive_doubling", "rabenseifner", "tree"
 
 
 def traced_steps(algorithm, rank, world_size):
-    """Per step, the largest message any rank sent (bytes), for one all_reduce of ELEMENTS floats."""
+    """For one all_reduce of ELEMENTS floats: per step, the largest message any rank sent (bytes);
+    and the busiest rank's messages sent or received, bytes sent, bytes received."""
     x = torch.full((ELEMENTS,), float(rank))
     with collectives.trace() as messages:
         collectives.all_reduce(x, algorithm=algorithm)
+    mine = [(m.kind, m.step, m.nbytes) for m in messages.messages]
     everyone = [None] * world_size
-    dist.all_gather_object(everyone, [(m.step, m.nbytes) for m in messages.messages if m.kind == "send"])
-    largest = {}
-    for sent in everyone:
-        for step, nbytes in sent:
-            largest[step] = max(largest.get(step, 0), nbytes)
-    return [largest[s] for s in sorted(largest)]
+    dist.all_gather_object(everyone, mine)
+    largest, busiest = {}, (0, 0, 0)
+    for seen in everyone:
+        for kind, step, nbytes in seen:
+            if kind == "send":
+                largest[step] = max(largest.get(step, 0), nbytes)
+        count = {k: sum(1 for kind, _, _ in seen if kind == k) for k in ("send", "recv")}
+        nbytes = {k: sum(b for kind, _, b in seen if kind == k) for k in ("send", "recv")}
+        busiest = tuple(map(max, busiest, (max(count.values()), nbytes["send"], nbytes["recv"])))
+    return [largest[s] for s in sorted(largest)], busiest
 
 
-def predicted_time(steps, nbytes):
-    """alpha-beta time of an all_reduce of ``nbytes`` whose traced steps were for ELEMENTS floats."""
+def predicted_time(traced, nbytes):
+    """The model's time of an all_reduce of ``nbytes`` whose trace was for ELEMENTS floats."""
+    steps, (messages, sent, received) = traced
     scale = nbytes / (ELEMENTS * 4)
-    return sum(ALPHA + BETA * b * scale for b in steps)
+    return ALPHA * max(len(steps), messages) + BETA * max(sum(steps), sent, received) * scale
 
 
 def pretty(nbytes):
@@ -57,10 +66,10 @@ def demo(rank, world_size):
     size = ELEMENTS * 4
     print(f"all_reduce of S = {size} bytes on N = {world_size} ranks, as traced:")
     print(f"  {'algorithm':20s} steps  bytes on the critical path")
-    for algorithm, per_step in steps.items():
+    for algorithm, (per_step, _) in steps.items():
         print(f"  {algorithm:20s} {len(per_step):5d}  {sum(per_step):6d} = {sum(per_step) / size:g} S")
 
-    print(f"predicted time in us (alpha = {ALPHA * 1e6:g} us, beta = 1 / {1 / BETA / 1e9:g} GB/s):")
+    print(f"predicted time in us (alpha = {ALPHA * 1e6:g} us, beta = 1 / {1 / BETA / 1e9:g} GB/s, gamma = 0):")
     print(f"  {'size':>9s}" + "".join(f"{a[:12]:>13s}" for a in steps) + "  fastest")
     params = {"alpha": ALPHA, "beta": BETA, "gamma": 0.0}
     agree = True

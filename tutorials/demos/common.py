@@ -16,7 +16,7 @@ import torch.distributed as dist
 from collectives.tools.launch import run_in_group
 
 
-def run(fn, world_size, *args, backend="gloo", env=None, timeout=300):
+def run(fn, world_size, *args, backend="gloo", env=None, timeout=300, lab=None):
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results.
 
     Args:
@@ -26,6 +26,9 @@ def run(fn, world_size, *args, backend="gloo", env=None, timeout=300):
         backend (str): "gloo" (CPU) or "nccl" (one GPU per rank).
         env (dict, optional): Environment variables set in each process first.
         timeout (float): Seconds before every process is killed and an error raised.
+        lab (str, optional): Run the ranks in a lab of hosts (chapter 15), e.g.
+            ``"hosts=2,rate=1gbit"``; without it, ``--lab hosts=...`` on the demo's command
+            line does the same for any demo (``python -m tutorials.demos.ch04_ring --lab hosts=4``).
 
     Returns:
         list: ``fn``'s return value on rank 0, 1, ..., world_size - 1.
@@ -35,7 +38,17 @@ def run(fn, world_size, *args, backend="gloo", env=None, timeout=300):
         >>> run(hello, 2)   # hello(rank, world_size) returns f"rank {rank}"
         ['rank 0', 'rank 1']
     """
-    return run_in_group(fn, world_size, *args, backend=backend, env=env, timeout=timeout)
+    return run_in_group(fn, world_size, *args, backend=backend, env=env, timeout=timeout,
+                        lab=lab if lab is not None else _lab_flag())
+
+
+def _lab_flag():
+    """``--lab hosts=...`` from the demo's command line, or None (other arguments are left alone)."""
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--lab", default=None)
+    return p.parse_known_args(sys.argv[1:])[0].lab
 
 
 def capture(rank, world_size, demos):

@@ -10,4 +10,6 @@ signature whose body raises NotImplementedError. Write the body, then::
 ones, each graded by the tests to prove the grader's verdicts.
 """
 EXERCISES = ["send_recv_ring", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce",
-             "all_to_all", "average_gradients", "zero1_step"]
+             "all_to_all", "average_gradients", "zero1_step", "sim_all_reduce"]
+EXERCISES += ["tensor_parallel_mlp", "moe_dispatch"]   # chapters 17 and 19
+EXERCISES += ["pipeline_1f1b", "fsdp_step"]   # chapters 16 and 18

@@ -5,14 +5,19 @@ rank and the case), so each rank computes the answer the built-in collective
 gives, locally, with plain torch (as ``tests/expected.py`` does): the
 built-ins themselves are switched off while a solution is graded. Inputs are
 small integers, so every sum is exact in every dtype used, bfloat16 included,
-whatever order a solution adds in.
+whatever order a solution adds in; the one exception is the cancellation case
+of the reductions (:func:`cancel_input`), where the order matters and the
+answer is checked against the bound on rounding error instead.
 
 A check has:
 
 * ``cases(world_size, quick)``: the list of cases (the same on every rank);
 * ``run(fn, case, rank, world_size)``: builds this rank's inputs, calls the
   learner's ``fn``, compares, returns ``{"ok", "lines"}`` (what to show for
-  this rank if the case is wrong);
+  this rank if the case is wrong); optional keys: ``"changed"`` (lines: inputs
+  the solution was only to read but changed, see :func:`untouched`),
+  ``"bits"`` (a digest of the result and its first values: the parent demands
+  the same digest on every rank, see :func:`bits`);
 * ``need(case, world_size)``: what the algorithm sends per rank (None for
   cases too small to judge), used by the parent on the counted traffic;
 * ``label(case)``: the case in words.
@@ -41,6 +46,64 @@ def tagged_input(rank, numel, dtype, salt=0):
     """rank * 10 + something small: you can read off which rank a value came from."""
     i = torch.arange(numel)
     return (rank * 10 + (i + salt) % 7).to(dtype)
+
+
+def cancel_input(rank, numel, salt=0):
+    """float32 values where the order of summation changes the result.
+
+    Even ranks hold +-2**27, cancelling in pairs; odd ranks hold small values
+    (1 to 2.5) that vanish when added to 2**27 (its float32 spacing is 16) but
+    survive when added after the large ones cancel. So (x0 + x1) + x2 is not
+    x0 + (x1 + x2): any order is a right answer within the rounding bound, but
+    every rank must use the same one.
+    """
+    i = torch.arange(numel)
+    if rank % 2 == 0:
+        sign = 1 - 2 * ((rank // 2 + i + salt) % 2)
+        return (sign * 2.0 ** 27).to(torch.float32)
+    return (1 + ((i + rank + salt) % 4) * 0.5).to(torch.float32)
+
+
+def cancel_case(salt):
+    return dict(numel=7, dtype=torch.float32, salt=salt, cancel=True)
+
+
+def within_rounding(terms, received):
+    """True if ``received`` is the float32 sum of ``terms`` in some order: within the bound on
+    recursive summation's error, (n - 1) * 2**-24 * sum |x| per element (Higham, 2002, eq. 4.4)."""
+    exact = sum(t.double() for t in terms)
+    bound = (len(terms) - 1) * 2.0 ** -24 * sum(t.double().abs() for t in terms)
+    return (isinstance(received, torch.Tensor) and received.shape == exact.shape
+            and received.dtype == torch.float32 and bool(torch.all((received.double() - exact).abs() <= bound)))
+
+
+def untouched(report, inputs):
+    """Fail ``report`` where the solution changed a tensor it was only to read.
+
+    ``inputs``: [(what, before, now)]: a copy taken before the call, and the
+    tensor the solution was handed. Torch's collectives leave their inputs as
+    they were, and callers rely on it (the gradients, a buffer reused next step).
+    """
+    changed = []
+    for what, before, now in inputs:
+        if now.shape == before.shape and torch.equal(now, before):
+            continue
+        at = first_wrong(before, now)
+        at = at - at % 8 if before.numel() > 8 else 0
+        changed.append(f"{what} held {show(before, at)} before the call and {show(now, at)} after")
+    if changed:
+        report["output_ok"] = report["ok"]
+        report["ok"] = False
+        report["changed"] = changed
+    return report
+
+
+def bits(tensor):
+    """A digest of ``tensor``'s bytes and its first values written in full, for the parent to compare."""
+    import hashlib
+    flat = tensor.detach().contiguous().view(-1)
+    raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return hashlib.sha1(raw).hexdigest(), [repr(float(v)) for v in flat[:4].float()]
 
 
 def fmt(values):
@@ -113,6 +176,15 @@ def compare(pairs):
     return {"ok": ok, "lines": lines}
 
 
+def compare_rounded(what, terms, received):
+    """The report for a cancellation case: any order of summation passes, a wrong sum does not."""
+    if within_rounding(terms, received):
+        return {"ok": True, "lines": [f"{what}: {show(received)}  ok"]}
+    exact = sum(t.double() for t in terms)
+    return {"ok": False, "lines": [f"{what}: expected {show(exact)} (exact; any order of summation "
+                                   f"within float32 rounding passes)", f"{' ' * len(what)}  received {show(received)}"]}
+
+
 def roots(n, quick):
     return sorted({n - 1, n // 2}) if quick else sorted({0, n // 2, n - 1})
 
@@ -132,6 +204,8 @@ def tensor_cases(n, quick, with_root=False):
 
 def tensor_label(case, root_name=None):
     text = f"tensor {name_of(case['dtype'])}[{case['numel']}]"
+    if case.get("cancel"):
+        text += " where the order of summation matters"
     if root_name:
         text += f", {root_name}={case['root']}"
     return text
@@ -243,9 +317,11 @@ class AllGather:
     def run(self, fn, case, rank, n):
         mine = tagged_input(rank, case["numel"], case["dtype"], case["salt"])
         tensor_list = [torch.full_like(mine, -1) for _ in range(n)]
-        fn(tensor_list, mine.clone())
-        return compare([(f"tensor_list[{r}]", tagged_input(r, case["numel"], case["dtype"], case["salt"]),
-                         tensor_list[r]) for r in range(n)])
+        handed = mine.clone()
+        fn(tensor_list, handed)
+        report = compare([(f"tensor_list[{r}]", tagged_input(r, case["numel"], case["dtype"], case["salt"]),
+                           tensor_list[r]) for r in range(n)])
+        return untouched(report, [("tensor", mine, handed)])
 
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:
@@ -260,20 +336,29 @@ class ReduceScatter:
     chapter = "chapter 4 (tutorials/04_ring_allreduce.md)"
 
     def cases(self, n, quick):
-        return tensor_cases(n, quick)
+        cases = tensor_cases(n, quick)
+        return cases + [cancel_case(len(cases))]
 
     def label(self, case):
         return f"input_list of {{n}} x {tensor_label(case)}"
 
     def inputs(self, rank, n, case):
+        if case.get("cancel"):
+            return [cancel_input(rank, case["numel"], case["salt"] + j) for j in range(n)]
         return [reduce_input(rank, case["numel"], case["dtype"], case["salt"] + 11 * j) for j in range(n)]
 
     def run(self, fn, case, rank, n):
         input_list = self.inputs(rank, n, case)
+        handed = [t.clone() for t in input_list]
         output = torch.full((case["numel"],), -1, dtype=case["dtype"])
-        fn(output, [t.clone() for t in input_list])
-        expected = sum(self.inputs(r, n, case)[rank] for r in range(n)).to(case["dtype"])
-        return compare([("output", expected, output)])
+        fn(output, handed)
+        terms = [self.inputs(r, n, case)[rank] for r in range(n)]
+        if case.get("cancel"):
+            report = compare_rounded("output", terms, output)
+        else:
+            report = compare([("output", sum(terms).to(case["dtype"]), output)])
+        return untouched(report, [(f"input_list[{j}]", before, now)
+                                  for j, (before, now) in enumerate(zip(input_list, handed))])
 
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:
@@ -289,17 +374,27 @@ class AllReduce:
     chapter = "chapter 4 (tutorials/04_ring_allreduce.md)"
 
     def cases(self, n, quick):
-        return tensor_cases(n, quick)
+        cases = tensor_cases(n, quick)
+        return cases + [cancel_case(len(cases))]
 
     def label(self, case):
         return tensor_label(case)
 
     def run(self, fn, case, rank, n):
-        mine = reduce_input(rank, case["numel"], case["dtype"], case["salt"])
-        tensor = mine.clone()
-        fn(tensor)
-        expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
-        return compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
+        if case.get("cancel"):
+            terms = [cancel_input(r, case["numel"], case["salt"]) for r in range(n)]
+            tensor = terms[rank].clone()
+            fn(tensor)
+            report = compare_rounded(f"tensor (had {show(terms[rank])})", terms, tensor)
+        else:
+            mine = reduce_input(rank, case["numel"], case["dtype"], case["salt"])
+            tensor = mine.clone()
+            fn(tensor)
+            expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
+            report = compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
+        if isinstance(tensor, torch.Tensor):
+            report["bits"] = bits(tensor)   # all_reduce promises the same bits on every rank
+        return report
 
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:
@@ -325,9 +420,12 @@ class AllToAll:
 
     def run(self, fn, case, rank, n):
         inputs = [self.piece(rank, j, case) for j in range(n)]
+        handed = [t.clone() for t in inputs]
         outputs = [torch.full_like(inputs[0], -1) for _ in range(n)]
-        fn(outputs, inputs)
-        return compare([(f"output_tensor_list[{j}]", self.piece(j, rank, case), outputs[j]) for j in range(n)])
+        fn(outputs, handed)
+        report = compare([(f"output_tensor_list[{j}]", self.piece(j, rank, case), outputs[j]) for j in range(n)])
+        return untouched(report, [(f"input_tensor_list[{j}]", before, now)
+                                  for j, (before, now) in enumerate(zip(inputs, handed))])
 
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:
@@ -373,9 +471,12 @@ class AverageGradients:
             expected.append([p.grad.clone() for p in reference.parameters()])
         mean = [sum(gs) / n for gs in zip(*expected)]
         backward_on(model, rank, case["salt"], case["dtype"])
+        weights = [p.detach().clone() for p in model.parameters()]
         fn(model)
         names = [name for name, _ in model.named_parameters()]
-        return compare([(f"{name}.grad", m, p.grad) for name, m, p in zip(names, mean, model.parameters())])
+        report = compare([(f"{name}.grad", m, p.grad) for name, m, p in zip(names, mean, model.parameters())])
+        return untouched(report, [(f"{name} (the weights)", w, p.detach())
+                                  for name, w, p in zip(names, weights, model.parameters())])
 
     def need(self, case, n):
         if case["width"] < 100 or n == 1:
@@ -457,6 +558,8 @@ def state_numel(obj):
     return 0
 
 
+from tutorials.exercises._sim import SimAllReduce  # noqa: E402  (graded in the simulator, chapter 14)
+
 CHECKS = {
     "send_recv_ring": SendRecvRing(),
     "broadcast": Broadcast(),
@@ -467,4 +570,10 @@ CHECKS = {
     "all_to_all": AllToAll(),
     "average_gradients": AverageGradients(),
     "zero1_step": Zero1Step(),
+    "sim_all_reduce": SimAllReduce(),
 }
+
+from tutorials.exercises._checks_parallel_b import PARALLEL_B_CHECKS  # noqa: E402  (uses the helpers above)
+CHECKS.update(PARALLEL_B_CHECKS)
+from tutorials.exercises import _checks_parallel  # noqa: E402  (chapters 16 and 18; imports this module's helpers)
+CHECKS.update(_checks_parallel.CHECKS)

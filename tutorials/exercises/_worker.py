@@ -52,16 +52,19 @@ class BuiltinUsed(RuntimeError):
 
 
 class Counters:
-    """Messages and bytes this rank posted in the current case."""
+    """Messages and bytes this rank posted in the current case, and each message's peer and size
+    (in posting order), so the parent can pair every send with its receive."""
 
     def __init__(self):
         self.reset()
 
     def reset(self):
         self.sent_bytes = self.sent_messages = self.recv_bytes = self.recv_messages = 0
+        self.sends, self.recvs = [], []     # [(peer, nbytes)]
 
     def as_tuple(self):
-        return (self.sent_bytes, self.sent_messages, self.recv_bytes, self.recv_messages)
+        return (self.sent_bytes, self.sent_messages, self.recv_bytes, self.recv_messages,
+                self.sends, self.recvs)
 
 
 COUNTERS = Counters()
@@ -105,14 +108,16 @@ class Request:
         return getattr(self._work, name)
 
 
-def _count(kind, tensor):
+def _count(kind, tensor, peer):
     nbytes = tensor.numel() * tensor.element_size()
     if kind == "send":
         COUNTERS.sent_bytes += nbytes
         COUNTERS.sent_messages += 1
+        COUNTERS.sends.append((peer, nbytes))
     else:
         COUNTERS.recv_bytes += nbytes
         COUNTERS.recv_messages += 1
+        COUNTERS.recvs.append((peer, nbytes))
 
 
 _blocking = False   # torch's send/recv call isend/irecv + wait: count those once, as send/recv
@@ -121,7 +126,7 @@ _blocking = False   # torch's send/recv call isend/irecv + wait: count those onc
 def send(tensor, dst=None, group=None, tag=0, group_dst=None):
     global _blocking
     text = f"dist.send(dst={_peer(dst, group_dst)}) of {describe(tensor)}"
-    _count("send", tensor)
+    _count("send", tensor, _peer(dst, group_dst))
     set_status(f"in {text}")
     _blocking = True
     try:
@@ -134,7 +139,7 @@ def send(tensor, dst=None, group=None, tag=0, group_dst=None):
 def recv(tensor, src=None, group=None, tag=0, group_src=None):
     global _blocking
     text = f"dist.recv(src={_peer(src, group_src)}) into {describe(tensor)}"
-    _count("recv", tensor)
+    _count("recv", tensor, _peer(src, group_src))
     set_status(f"in {text}")
     _blocking = True
     try:
@@ -149,7 +154,7 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
     if _blocking:
         return ORIGINAL["isend"](tensor, dst, group=group, tag=tag, group_dst=group_dst)
     text = f"dist.isend(dst={_peer(dst, group_dst)}) of {describe(tensor)}"
-    _count("send", tensor)
+    _count("send", tensor, _peer(dst, group_dst))
     set_status(f"posted {text}")
     return Request(ORIGINAL["isend"](tensor, dst, group=group, tag=tag, group_dst=group_dst), text)
 
@@ -158,7 +163,7 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
     if _blocking:
         return ORIGINAL["irecv"](tensor, src, group=group, tag=tag, group_src=group_src)
     text = f"dist.irecv(src={_peer(src, group_src)}) into {describe(tensor)}"
-    _count("recv", tensor)
+    _count("recv", tensor, _peer(src, group_src))
     set_status(f"posted {text}")
     return Request(ORIGINAL["irecv"](tensor, src, group=group, tag=tag, group_src=group_src), text)
 
@@ -187,11 +192,14 @@ def patch():
                 setattr(module, name, _forbidden(name, "dist"))
     try:
         import collectives
+        from collectives import api, tensor_api
     except ImportError:
         return
-    for name in LIBRARY:
-        if hasattr(collectives, name):
-            setattr(collectives, name, _forbidden(name, "collectives"))
+    # the library's collectives by every name they are reachable under, not only the package's
+    for module in (collectives, api, tensor_api):
+        for name in LIBRARY:
+            if hasattr(module, name):
+                setattr(module, name, _forbidden(name, "collectives"))
 
 
 def load(source, name):

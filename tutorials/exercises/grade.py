@@ -9,18 +9,34 @@ From Python or a notebook cell::
     from tutorials.exercises.grade import grade
     grade("all_reduce", my_all_reduce, quick=True)   # a function, a file path or a module name
 
-What is checked, in order (the first failure is the verdict; exit status 0 only on a pass):
+What is checked (exit status 0 only on a pass):
 
 1. **Results**, against what the built-in returns, on worlds of 1, 2, 3, 4, 5 and 8
    ranks, tensors of 0, 1, 7 and 33600 elements, several dtypes, roots other
-   than 0. The first wrong case is shown with each rank's expected and received values.
-2. **No built-in collective**: while grading, ``dist.all_reduce`` and every other
+   than 0, and for the reductions a float32 case where the order of summation
+   changes the result (any order within the rounding bound passes). The first wrong
+   case is shown with each rank's expected and received values.
+2. **Inputs left alone**: a tensor the solution was only to read (``input_list``,
+   all_gather's ``tensor``, the weights) must hold what it held before the call.
+3. **Same bits on every rank** for all_reduce, as the library promises.
+4. **No built-in collective**: while grading, ``dist.all_reduce`` and every other
    collective raise; a solution that calls one is told which and where.
-3. **Traffic**: bytes and messages each rank sends, counted from its
+5. **Traffic**: bytes and messages each rank sends, counted from its
    ``send``/``isend``/``batch_isend_irecv`` calls, against what the algorithm needs.
-4. **Deadlock**: when no rank makes a call for ``hang_seconds`` (default 15), the
-   world is stopped and the verdict shows the call and peer each rank was stuck in.
-5. **Crash**: the traceback of the rank that raised, once.
+6. **Receive sizes**: each send is paired with its receive (per pair of ranks, in
+   posting order); a receive buffer larger than its message is reported (gloo
+   accepts it, NCCL and the library's door do not).
+7. **Deadlock**: when no rank makes a call for ``hang_seconds`` (default 15), the
+   world is stopped and the verdict shows the call and peer each rank was stuck in,
+   and names a cycle of waits (send-send, recv-recv, or mixed) where there is one.
+8. **Crash**: the traceback of the rank that raised, once.
+
+Every world size is graded, also after one fails (except for mistakes that are the
+same on every world: a built-in called, a stub not written, a file that does not
+load). The verdict is the first failure of results, bits, inputs, deadlock or crash
+over all worlds, else the first of traffic, state or receive sizes (the results were
+right), and ends with the world sizes that passed and those that failed: "passed on
+2, 4; failed on 3 (deadlock)" is the clue to a mistake that depends on N.
 """
 import argparse
 import ctypes
@@ -28,6 +44,7 @@ import inspect
 import linecache
 import os
 import queue
+import re
 import sys
 import tempfile
 import textwrap
@@ -38,7 +55,7 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from collectives.tools.launch import free_port
-from tutorials.exercises import _checks, _worker
+from tutorials.exercises import _checks, _numeric, _worker
 
 HERE = Path(__file__).resolve().parent
 FULL_WORLDS = (1, 2, 3, 4, 5, 8)
@@ -51,8 +68,8 @@ WORLD_SECONDS = float(os.environ.get("GRADER_WORLD_SECONDS", 300))   # all cases
 class Verdict:
     """The grader's answer: ``passed`` (bool), ``text`` (what it printed), ``reason`` (one word).
 
-    ``reason`` is one of "pass", "wrong", "builtin", "traffic", "state",
-    "deadlock", "crash", "not_written", "load_error", "died", "slow".
+    ``reason`` is one of "pass", "wrong", "changed_input", "builtin", "traffic", "state",
+    "schedule", "buffer", "deadlock", "crash", "not_written", "load_error", "died", "slow".
     """
 
     def __init__(self, name, passed, reason, text):
@@ -271,9 +288,12 @@ def _deadlock_text(name, world, check, cases):
              + f", no rank made any progress for {world.stop[3]:g} s, so the grader stopped them.",
              "Where each rank was waiting:" if waiting else "Where each rank was:"]
     lines += [f"  rank {r}: {text}" for r, text in enumerate(statuses)]
+    cycle_lines = _cycle_lines(statuses, finished, world.n)
     if not waiting and busy:
         lines.append(f"No rank is waiting for a message: {_ranks(busy)} {'is' if len(busy) == 1 else 'are'} "
                      f"still running your code after the call shown (an endless loop?).")
+    elif cycle_lines:
+        lines += cycle_lines
     elif waiting and all(s.startswith("in dist.send") for s in waiting):
         lines.append("Every waiting rank is in a blocking send and none is receiving: a send waits for "
                      "its receive. Post each send together with its receive (dist.isend + dist.irecv, "
@@ -287,6 +307,85 @@ def _deadlock_text(name, world, check, cases):
         lines.append("Each waiting rank expects a message that no rank is sending: check that every "
                      "receive has a matching send (same peers, same order).")
     return "\n".join(lines)
+
+
+_WAITS = [(re.compile(r"^in dist\.send\(dst=(\d+)\)"), "send"),
+          (re.compile(r"^in dist\.recv\(src=(\d+)\)"), "recv"),
+          (re.compile(r"^waiting in req\.wait\(\) for dist\.isend\(dst=(\d+)\)"), "send"),
+          (re.compile(r"^waiting in req\.wait\(\) for dist\.irecv\(src=(\d+)\)"), "recv")]
+
+
+def _waits(statuses):
+    """{rank: ("send" or "recv", peer)} for each rank blocked on one message."""
+    waits = {}
+    for r, text in enumerate(statuses):
+        for pattern, kind in _WAITS:
+            m = pattern.match(text)
+            if m:
+                waits[r] = (kind, int(m[1]))
+                break
+    return waits
+
+
+def _wait_words(rank, kind, peer):
+    return f"rank {rank} waits to {'send to' if kind == 'send' else 'receive from'} rank {peer}"
+
+
+def _cycle_lines(statuses, finished, n):
+    """Describe a cycle of waits (who waits to send to whom), and the ranks waiting on it; [] if none."""
+    waits = _waits(statuses)
+    cycle = None
+    for start in sorted(waits):
+        path, r = [], start
+        while r in waits and r not in path:
+            path.append(r)
+            r = waits[r][1]
+        if r in path:
+            cycle = path[path.index(r):]
+            break
+    if cycle is None:
+        return []
+    if len(cycle) == 1:
+        r = cycle[0]
+        return [f"{_wait_words(r, *waits[r]).capitalize()}, itself: a rank cannot be both ends of a blocking "
+                f"message. Copy locally instead of sending to yourself."]
+    kinds = {waits[r][0] for r in cycle}
+    lowest = cycle.index(min(cycle))
+    cycle = cycle[lowest:] + cycle[:lowest]
+    arrow = " -> ".join(map(str, cycle + cycle[:1]))
+    who = (f"ranks {cycle[0]} and {cycle[1]}" if len(cycle) == 2 else
+           f"ranks {', '.join(map(str, cycle))}")
+    other = "the other" if len(cycle) == 2 else "the next"
+    none = "neither" if len(cycle) == 2 else "none"
+    if kinds == {"send"}:
+        text = (f"A send-send cycle: {who} each wait to send to {other} ({arrow}), and {none} is "
+                f"receiving. A blocking send returns only once its receive is posted, so none of these "
+                f"sends can finish. Post each send together with its receive (dist.isend + dist.irecv, or "
+                f"dist.batch_isend_irecv), or order the calls so that every send faces a receive: see chapter 2 "
+                f"(tutorials/02_point_to_point.md), \"Deadlock\".")
+        if n % 2 == 1 and set(cycle) == {0, n - 1}:
+            text += (f" Both are even: ordering by parity (even ranks send first) pairs every sender with a "
+                     f"receiver only when N is even; with N = {n}, ranks {n - 1} and 0 are both even and "
+                     f"neighbours on the ring.")
+    elif kinds == {"recv"}:
+        chain = ", ".join(f"rank {r} from rank {waits[r][1]}" for r in cycle)
+        text = (f"A recv-recv cycle: each of {who} waits to receive ({chain}), and {none} is sending: "
+                f"each sends only after it has received. Let one of them send first, or post the sends "
+                f"(dist.isend) before waiting on the receives.")
+    else:
+        chain = ", ".join(_wait_words(r, *waits[r]) for r in cycle)
+        text = (f"A cycle of waits ({arrow}): {chain}. Each waits on a call its peer has not reached: the ranks "
+                f"disagree on the order of their messages. Check that every receive has a matching send "
+                f"(same peers, same order).")
+    lines = [text]
+    into = [r for r in sorted(waits) if r not in cycle]
+    for r in into:
+        kind, peer = waits[r]
+        if peer in cycle:
+            lines.append(f"{_wait_words(r, kind, peer).capitalize()}, which is in that cycle.")
+        elif peer in finished:
+            lines.append(f"{_wait_words(r, kind, peer).capitalize()}, which already returned.")
+    return lines
 
 
 def _crash_text(name, world, check, cases, shown_path, source):
@@ -334,11 +433,28 @@ def _crash_text(name, world, check, cases, shown_path, source):
 UNCHANGED = "(unchanged:"
 
 
+def _only_inputs_changed(reports):
+    """True if every failing rank got the right output but changed an input it was only to read."""
+    failing = [o for o, _ in reports.values() if not o["ok"]]
+    return bool(failing) and all(o.get("changed") and o.get("output_ok") for o in failing)
+
+
 def _wrong_text(name, world, check, cases, index):
     reports = world.cases[index]
-    lines = [f"FAIL {name}: wrong result with {_world(world.n)}, "
-             f"{_case_words(check, cases[index], world.n)} (case {index + 1} of {len(cases)})."]
-    shown = {r: reports[r][0]["lines"] or [""] for r in range(world.n)}
+    where = f"{_case_words(check, cases[index], world.n)} (case {index + 1} of {len(cases)})"
+    if _only_inputs_changed(reports):
+        lines = [f"FAIL {name}: correct output, but it changes its input with {_world(world.n)}, {where}:"]
+        groups = {}
+        for r in range(world.n):
+            for line in reports[r][0].get("changed", []):
+                groups.setdefault(line, []).append(r)
+        lines += [f"  {_ranks(ranks)}: {line}" for line, ranks in groups.items()]
+        lines.append(f"The caller's tensors must stay as they were: torch's {name} leaves them unchanged, and "
+                     f"callers rely on it (they reuse them, or they are gradients). Work on copies where you "
+                     f"keep running values, e.g. partial = [t.clone() for t in input_list]. See {check.chapter}.")
+        return "\n".join(lines)
+    lines = [f"FAIL {name}: wrong result with {_world(world.n)}, {where}."]
+    shown = {r: (reports[r][0]["lines"] or [""]) + reports[r][0].get("changed", []) for r in range(world.n)}
     wrong = [r for r in shown if not reports[r][0]["ok"]]
     if not all(any(line.startswith(UNCHANGED) for line in shown[r]) for r in wrong):
         # Only some ranks kept their input: likely a coincidence, not a result that was never written.
@@ -351,6 +467,63 @@ def _wrong_text(name, world, check, cases, index):
         lines.append(head + text[0])
         lines += [" " * len(head) + line for line in text[1:]]
     return "\n".join(lines)
+
+
+def _bits_text(name, world, check, cases, index):
+    """None if every rank that reported a digest of its result reported the same one, else the verdict."""
+    reports = world.cases[index]
+    digests = [reports[r][0].get("bits") for r in range(world.n)]
+    if any(d is None for d in digests) or len({d[0] for d in digests}) == 1:
+        return None
+    groups = {}
+    for r, (digest, values) in enumerate(digests):
+        groups.setdefault(digest, (values, []))[1].append(r)
+    lines = [f"FAIL {name}: ranks end with different bits with {_world(world.n)}, "
+             f"{_case_words(check, cases[index], world.n)} (case {index + 1} of {len(cases)}):"]
+    lines += [f"  {_ranks(ranks)}: [{', '.join(values)}, ...]" for values, ranks in groups.values()]
+    lines.append("Each is the sum within rounding, but every rank must end with the same bits: the replicas "
+                 "of a data-parallel model would otherwise drift apart, step after step. In floating point "
+                 "(a + b) + c is not always a + (b + c): add each element up once, in one order, on one rank, "
+                 "and send that sum to the others (the ring's all-gather phase) rather than letting every "
+                 f"rank add the same numbers in its own order. See {check.chapter}.")
+    return "\n".join(lines)
+
+
+def _buffer_problem(name, check, case, n, reports):
+    """None if every receive was exactly the size of the message it got, else the verdict text.
+
+    Sends from rank a to rank b and rank b's receives from rank a are paired in posting order
+    (gloo, NCCL and MPI keep that order between two ranks)."""
+    messages = {r: reports[r][1][4:6] for r in range(n) if len(reports[r][1]) >= 6}
+    if len(messages) != n:
+        return None
+    for b in range(n):
+        for a in range(n):
+            sent = [nbytes for peer, nbytes in messages[a][0] if peer == b]
+            got = [nbytes for peer, nbytes in messages[b][1] if peer == a]
+            for k, (s, g) in enumerate(zip(sent, got)):
+                if g > s:
+                    return (f"FAIL {name}: correct on gloo, but rank {b} receives a message of {s} bytes from "
+                            f"rank {a} into a buffer of {g} bytes ({_case_words(check, case, n)}, {n} ranks; "
+                            f"message {k + 1} from rank {a} to rank {b}). Gloo fills the front of a larger "
+                            f"buffer without a word; NCCL requires a receive of exactly the count sent, and "
+                            f"collectives' own door never pairs them (the size is part of its tag), so there "
+                            f"the program fails or hangs. Receive into a tensor (or a view, inbox[:k]) of "
+                            f"exactly the message's size.")
+    return None
+
+
+def _worlds_line(outcomes):
+    """'Passed on worlds of 2, 4 ranks; failed on 3 (deadlock).': the clue that a mistake depends on N."""
+    passed = [str(n) for n, o in outcomes.items() if o == "pass"]
+    failed = [f"{n} ({o})" for n, o in outcomes.items() if o != "pass"]
+    head = f"Passed on worlds of {', '.join(passed)} rank{'s' if passed != ['1'] else ''}" if passed \
+        else "Passed on no world"
+    return f"{head}; failed on {', '.join(failed)}."
+
+
+# Mistakes the same on every world: grading more worlds would only repeat them.
+SAME_ON_EVERY_WORLD = ("not_written", "load_error", "builtin")
 
 
 def _traffic_problem(name, check, case, n, reports):
@@ -387,7 +560,8 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
         name (str): The exercise, which is also the function's name, e.g. "all_reduce".
         solution: None (the exercise file ``tutorials/exercises/NAME.py``), a path to a
             ``.py`` file, a module name, or a function (one defined in a notebook works:
-            its source and the imports it uses are written to a temporary file).
+            its source and the imports it uses are written to a temporary file). For a
+            numeric exercise of chapter 13 (``_numeric.NUMERIC``), the number.
         quick (bool): Worlds of 1-4 ranks and fewer cases (seconds, for notebooks and tests).
         hang_seconds (float, optional): How long no rank may make a call before the world is
             declared deadlocked (default 15, or ``GRADER_HANG_SECONDS``).
@@ -402,46 +576,85 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
         >>> grade("all_reduce", "tutorials/exercises/solutions/all_reduce.py", quick=True).passed
         True
     """
+    if name in _numeric.NUMERIC:    # a number to work out by hand (chapter 13): no world to run
+        passed, text = _numeric.grade_number(name, solution)
+        verdict = Verdict(name, bool(passed), "not_written" if passed is None else "pass" if passed else "wrong",
+                          text)
+        if verbose:
+            print(verdict.text)
+        return verdict
     if name not in _checks.CHECKS:
-        raise ValueError(f"no exercise named {name!r}; the exercises are: {', '.join(_checks.CHECKS)}")
+        raise ValueError(f"no exercise named {name!r}; the exercises are: "
+                         f"{', '.join([*_checks.CHECKS, *_numeric.NUMERIC])}")
     check = _checks.CHECKS[name]
+    if getattr(check, "simulated", False):   # run in collectives.sim, not in worlds of processes
+        source, shown, tmp = resolve(name, solution)
+        verdict = Verdict(name, *check.grade(name, source, shown, quick, world_sizes))
+        if verbose:
+            print(verdict.text)
+        return verdict
     sizes = world_sizes or (QUICK_WORLDS if quick else FULL_WORLDS)
     hang = HANG_SECONDS if hang_seconds is None else hang_seconds
     source, shown, tmp = resolve(name, solution)
-    verdict, traffic_fail, summaries, counted = None, None, [], 0
+    # The first hard failure (wrong, deadlock, crash, ...) over all worlds is the verdict; only
+    # without one does the first soft failure (traffic, state, buffer: the results were right) count.
+    hard, soft, summaries, counted, outcomes = None, None, [], 0, {}
     try:
         for n in sizes:
             cases = check.cases(n, quick)
             world = run_world(name, source, n, quick, hang)
+            failed, late = None, None
             if world.stop is not None and world.stop[0] == "deadlock":
-                verdict = Verdict(name, False, "deadlock", _deadlock_text(name, world, check, cases))
+                failed = Verdict(name, False, "deadlock", _deadlock_text(name, world, check, cases))
             elif world.stop is not None:
-                verdict = Verdict(name, False, world.stop[0], _crash_text(name, world, check, cases, shown, source))
+                failed = Verdict(name, False, world.stop[0], _crash_text(name, world, check, cases, shown, source))
             for index in _complete(world):
                 reports = world.cases[index]
                 if not all(o["ok"] for o, _ in reports.values()):
-                    verdict = Verdict(name, False, "wrong", _wrong_text(name, world, check, cases, index))
+                    reason = "changed_input" if _only_inputs_changed(reports) else "wrong"
+                    failed = Verdict(name, False, reason, _wrong_text(name, world, check, cases, index))
+                    break
+                disagree = _bits_text(name, world, check, cases, index)
+                if disagree:
+                    failed = Verdict(name, False, "wrong", disagree)
                     break
                 counted += 1
                 state = next((o["state"] for o, _ in reports.values() if "state" in o), None)
-                if state and traffic_fail is None:
+                shape = next((o["schedule"] for _, (o, _) in sorted(reports.items()) if "schedule" in o), None)
+                if shape and late is None:    # right result, wrong order of work or memory held
+                    late = ("schedule", f"FAIL {name}: correct, but {shape} See {check.chapter}.")
+                if state and late is None:
                     kept, allowed, total = state
-                    traffic_fail = ("state", f"FAIL {name}: correct, but a rank keeps {kept} values of optimizer "
-                                    f"state where ZeRO-1 keeps about ceil(P/N) = {allowed - n} "
-                                    f"(P = {total} parameters, {n} ranks): see {check.chapter}.")
+                    late = ("state", f"FAIL {name}: correct, but a rank keeps {kept} values of optimizer "
+                            f"state where ZeRO-1 keeps about ceil(P/N) = {allowed - n} "
+                            f"(P = {total} parameters, {n} ranks): see {check.chapter}.")
+                buffer = _buffer_problem(name, check, cases[index], n, reports)
+                if buffer and late is None:
+                    late = ("buffer", buffer)
                 problem, summary = _traffic_problem(name, check, cases[index], n, reports)
                 if summary:
                     summaries.append(summary)
-                if problem and traffic_fail is None:
-                    traffic_fail = ("traffic", problem)
-            if verdict is not None:
-                break
-            if world.stop is None and len(_complete(world)) != len(cases):
-                verdict = Verdict(name, False, "died", f"FAIL {name}: the world of {n} ended early "
-                                                       f"({len(_complete(world))} of {len(cases)} cases reported).")
-                break
-        if verdict is None and traffic_fail is not None:
-            verdict = Verdict(name, False, *traffic_fail)
+                if problem and late is None:
+                    late = ("traffic", problem)
+            if failed is None and world.stop is None and len(_complete(world)) != len(cases):
+                failed = Verdict(name, False, "died", f"FAIL {name}: the world of {n} ended early "
+                                                      f"({len(_complete(world))} of {len(cases)} cases reported).")
+            if failed is not None:
+                hard = failed if hard is None else hard
+                outcomes[n] = failed.reason
+                if failed.reason in SAME_ON_EVERY_WORLD:
+                    break
+            elif late is not None:
+                soft = Verdict(name, False, *late) if soft is None else soft
+                outcomes[n] = late[0]
+            else:
+                outcomes[n] = "pass"
+        verdict = hard if hard is not None else soft   # a Verdict that failed is falsy
+        if verdict is not None:
+            verdict.text += "\n" + _worlds_line(outcomes)
+            skipped = [str(n) for n in sizes if n not in outcomes]
+            if skipped:
+                verdict.text += f" Not run: {', '.join(skipped)} (this mistake is the same on every world)."
         if verdict is None:
             text = (f"PASS {name}: correct in all {counted} cases on worlds of "
                     f"{', '.join(map(str, sizes))} ranks.")
@@ -460,7 +673,9 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Grade an exercise of tutorials/exercises/.")
-    parser.add_argument("name", choices=list(_checks.CHECKS), help="the exercise (the function's name)")
+    parser.add_argument("name", choices=[*_checks.CHECKS, *_numeric.NUMERIC],
+                        help="the exercise (the function's name, or a numeric exercise of chapter 13)")
+    parser.add_argument("--answer", help="your number, for a numeric exercise (chapter 13)")
     parser.add_argument("--solution", help="file defining the function (default: tutorials/exercises/NAME.py)")
     parser.add_argument("--quick", action="store_true", help="worlds of 1-4 ranks and fewer cases")
     parser.add_argument("--hang-seconds", type=float, default=None,
@@ -468,6 +683,11 @@ def main(argv=None):
     parser.add_argument("--worlds", type=lambda text: tuple(int(n) for n in text.split(",")), default=None,
                         help="comma-separated world sizes to run instead (e.g. 2,3)")
     args = parser.parse_args(argv)
+    if args.name in _numeric.NUMERIC:
+        if args.answer is None:
+            print(f"{args.name}: {_numeric.NUMERIC[args.name].question}\nAnswer with --answer NUMBER.")
+            return 1
+        return 0 if grade(args.name, args.answer).passed else 1
     verdict = grade(args.name, args.solution, quick=args.quick, hang_seconds=args.hang_seconds,
                     world_sizes=args.worlds)
     return 0 if verdict.passed else 1

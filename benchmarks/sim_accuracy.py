@@ -1,0 +1,97 @@
+"""How well the simulator predicts this machine: measure, calibrate in the same run, simulate, compare.
+
+Usage::
+
+    python -m benchmarks.sim_accuracy                                  # N=2,4, 4K..64M, 4 collectives
+    python -m benchmarks.sim_accuracy -b 4K -e 1M -f 16 --world-size 2 -n 5
+
+Takes ``benchmarks.sweep``'s flags. Runs the sweep (every algorithm of all_reduce,
+broadcast, all_gather and reduce_scatter by default) with point-to-point measured in
+the same worlds (``--model``), calibrates the ``local`` topology from those
+measurements (``benchmarks.sim_calibrate.spec_from_p2p``: alpha, bandwidth, gamma,
+this machine's cores and the wake-up cost of ranks sharing them), simulates every
+measured point, and prints predicted/measured per point. It ends with::
+
+    sim_accuracy: median |error| X%, p90 Y%, fastest agrees A of B
+
+where a cell (collective, N, size) agrees when the algorithm the simulator predicts
+fastest measured within the run's own noise of the measured fastest (its median at
+most the fastest's median plus the fastest's interquartile range). The calibration is
+not stored (``benchmarks.sim_calibrate`` stores one).
+"""
+import os
+import statistics
+import sys
+
+from benchmarks import common, sweep
+from benchmarks.sim_calibrate import spec_from_p2p
+from collectives.algorithms import ALGORITHMS
+from collectives.sim import simulate, topology
+
+DEFAULT = ["--world-size", "2,4", "-b", "4K", "-e", "64M", "-f", "4", "--no-builtin", "--no-plots"]
+
+
+def quantile(xs, q):
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def compare(rows, spec):
+    """[(row, predicted seconds)] for every measured row of a registered algorithm."""
+    out = []
+    for row in rows:
+        c, a = row["collective"], row["algorithm"]
+        if a not in ALGORITHMS.get(c, ()):
+            continue
+        r = simulate(c, a, row["world_size"], row["size"], dict(spec, name="local"),
+                     root=max(row["root"], 0), device="meta")
+        out.append((row, r.time))
+    return out
+
+
+def agreement(pairs):
+    """(agreeing cells, cells): the predicted fastest within the measured fastest's noise."""
+    cells = {}
+    for row, pred in pairs:
+        cells.setdefault((row["collective"], row["world_size"], row["size"]), []).append((row, pred))
+    agree = 0
+    for entries in cells.values():
+        best = min(entries, key=lambda e: e[0]["time_us"])[0]
+        pick = min(entries, key=lambda e: e[1])[0]
+        samples = best["samples_us"]
+        noise = quantile(samples, 0.75) - quantile(samples, 0.25) if len(samples) > 1 else 0.0
+        agree += pick["time_us"] <= best["time_us"] + noise
+    return agree, len(cells)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = sweep.parse_args(DEFAULT + argv)
+    args.model = True                     # point to point in the same worlds: the calibration
+    meta = common.machine_info("python -m benchmarks.sim_accuracy", args)
+    result = sweep.run_sweep(args)
+    if result is None:
+        return
+    rows, p2p = result
+    spec = spec_from_p2p(p2p, os.cpu_count())
+    print(f"\n# calibrated in this run: {topology.describe(dict(spec, name='local'))}")
+    print(f"# {meta.get('cpu', '')}")
+    pairs = compare(rows, spec)
+    print(f"#{'collective':>14} {'N':>3} {'size(B)':>11} {'algorithm':>20} {'measured(us)':>13} "
+          f"{'predicted(us)':>14} {'pred/meas':>9}")
+    errors = []
+    for row, pred in pairs:
+        measured = row["time_us"] * 1e-6
+        errors.append(abs(pred / measured - 1))
+        print(f" {row['collective']:>14} {row['world_size']:>3} {row['size']:>11} {row['algorithm']:>20} "
+              f"{row['time_us']:>13.1f} {pred * 1e6:>14.1f} {pred / measured:>9.2f}")
+    agree, cells = agreement(pairs)
+    print(f"sim_accuracy: median |error| {statistics.median(errors) * 100:.0f}%, "
+          f"p90 {quantile(errors, 0.9) * 100:.0f}%, fastest agrees {agree} of {cells}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Context parallelism: ring attention, the sequence split over the ranks, keys and values on a ring.
+
+What it teaches. Attention over a sequence of S positions holds an S x S score
+matrix per head, and every position needs every key before it. Context
+parallelism gives rank r the r-th chunk of S/N positions, for every layer, and
+moves keys and values instead of queries (Liu et al., "Ring Attention", 2023;
+the Llama 3 and Megatron "context parallel" is this with all-gathers):
+
+1. rank r computes Q, K, V for its own chunk;
+2. **forward**: the (K, V) chunk travels around the ring: N-1 times each rank
+   sends the chunk it holds to rank r+1 and receives one from rank r-1, and in
+   the meantime attends its queries to the chunk it has. An *online softmax*
+   (Milakov & Gimelshein, 2018; FlashAttention) folds one chunk at a time into
+   a running maximum m, a running sum l and an unnormalised output o, so no rank
+   ever holds more than one chunk of keys or an S/N x S/N block of scores;
+3. **backward**: the same ring again, the chunk now (K, V, dK, dV): each rank
+   adds its queries' contribution to the travelling dK, dV before passing them
+   on, and after N moves every chunk's gradient is complete and home (the last
+   move carries dK, dV only). dQ stays where it is.
+
+Causal attention: chunk j < r is attended in full, chunk r with the causal mask,
+chunks j > r not at all (they still pass through: the ring is the ring). So low
+ranks idle while high ranks work; "zig-zag" chunk orders fix that, not done here.
+
+Bytes rank r sends for one layer and step, c = bytes of one K chunk
+(B x heads x S/N x head_dim x e): forward (N-1) x 2c in N-1 messages, backward
+(N-1) x 4c + 2c in N messages.
+
+Every message goes through the library's door: one ring pass is one call through
+:mod:`collectives.call` (``CallState`` and ``run``: the group's engine lane, tags
+that name the call, timeouts, desync check, traffic counters and traces).
+"""
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..call import CallState, nbytes, run
+
+
+def _ring(group, name, block, visit, moves, overlap):
+    """Pass ``block`` (flat) around the group's ring ``moves`` times, calling ``visit(j, block)``
+    on each chunk j as it passes; returns the block this rank holds at the end.
+
+    ``overlap``: post each message before visiting (the visit only reads the chunk), else
+    visit first (the visit writes into the chunk, which must then travel). With ``moves == N``
+    the last move carries the second half of the block only (the gradients)."""
+    call = CallState(name, group, None)
+    call.check_tensor("block", block)
+    if not call.member:
+        raise ValueError(f"collectives.{name}: rank {call.me} is not a member of the group")
+    n, r = call.size, call.info.rank
+    held = {}
+
+    def body(comm):
+        right, left = (r + 1) % n, (r - 1) % n
+        cur, nxt = block, torch.empty_like(block)
+        with torch.no_grad():                        # the lane's thread has its own grad mode
+            for step in range(moves):
+                part = slice(block.numel() // 2 if step == n - 1 else 0, None)
+                if not overlap:
+                    visit((r - step) % n, cur)
+                pending = comm.post(step, sends=[(cur[part], right)], recvs=[(nxt[part], left)])
+                if overlap:
+                    visit((r - step) % n, cur)        # computed while the chunk travels
+                pending.wait()
+                cur, nxt = nxt, cur
+            if moves < n:
+                visit((r - moves) % n, cur)
+        held["block"] = cur
+        return [cur]
+
+    def local():
+        with torch.no_grad():
+            visit(r, block)
+        held["block"] = block
+        return [block]
+    run(call, "ring", body, False, nbytes(block), local=local,
+        shape=list(block.shape), dtype=block.dtype, moves=moves)
+    return held["block"]
+
+
+def _scores(q, k, scale, j, r, causal):
+    s = q @ k.transpose(-1, -2) * scale
+    if causal and j == r:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    return s
+
+
+class _RingAttention(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, causal):
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        q, k, v = q.detach(), k.detach(), v.detach()
+        o = torch.zeros_like(q)
+        m = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        l = torch.zeros_like(m)
+        size = k.numel()
+
+        def visit(j, block):
+            nonlocal m, l
+            if causal and j > r:
+                return
+            kj, vj = block[:size].view_as(k), block[size:].view_as(v)
+            s = _scores(q, kj, scale, j, r, causal)
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new.unsqueeze(-1))
+            fade = torch.exp(m - m_new)                    # rescale what was summed under the old maximum
+            l = l * fade + p.sum(-1)
+            o.mul_(fade.unsqueeze(-1)).add_(p @ vj)
+            m = m_new
+
+        _ring(group, "ring_attention", torch.cat([k.flatten(), v.flatten()]), visit, n - 1, overlap=True)
+        out = o / l.unsqueeze(-1)
+        ctx.save_for_backward(q, k, v, out, m + torch.log(l))
+        ctx.group, ctx.causal, ctx.scale, ctx.r, ctx.n = group, causal, scale, r, n
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        r, scale, causal = ctx.r, ctx.scale, ctx.causal
+        grad_out = grad_out.contiguous()
+        delta = (grad_out * out).sum(-1, keepdim=True)        # rowsum(dO * O)
+        dq = torch.zeros_like(q)
+        size = k.numel()
+
+        def visit(j, block):
+            if causal and j > r:
+                return
+            kj, vj = block[:size].view_as(k), block[size:2 * size].view_as(v)
+            dk, dv = block[2 * size:3 * size].view_as(k), block[3 * size:].view_as(v)
+            p = torch.exp(_scores(q, kj, scale, j, r, causal) - lse.unsqueeze(-1))
+            dv.add_(p.transpose(-1, -2) @ grad_out)
+            ds = p * (grad_out @ vj.transpose(-1, -2) - delta)
+            dq.add_(ds @ kj * scale)
+            dk.add_(ds.transpose(-1, -2) @ q * scale)
+
+        block = torch.cat([k.flatten(), v.flatten(), torch.zeros(2 * size, dtype=k.dtype, device=k.device)])
+        home = _ring(ctx.group, "ring_attention_backward", block, visit, ctx.n, overlap=False)
+        return dq, home[2 * size:3 * size].view_as(k), home[3 * size:].view_as(v), None, None
+
+
+def ring_attention(q, k, v, group=None, causal=True):
+    """Attention of this rank's queries to the whole sequence, its keys and values passed on a ring.
+
+    Args:
+        q, k, v (Tensor): This rank's chunk of the sequence, ``(B, heads, S/N, head_dim)``:
+            rank r holds positions ``r * S/N`` to ``(r + 1) * S/N - 1`` (the same chunk
+            length on every rank).
+        group (ProcessGroup, optional): The context-parallel group; None for the world.
+        causal (bool): Each position attends to itself and the positions before it.
+
+    Returns:
+        Tensor: ``softmax(q k^T / sqrt(d)) v`` for this rank's queries, ``(B, heads, S/N,
+        head_dim)``, differentiable in q, k and v; what
+        ``F.scaled_dot_product_attention`` gives on the whole sequence, cut the same way.
+
+    Example::
+
+        >>> out = ring_attention(q, k, v)          # 4 ranks, each 1/4 of the sequence
+        >>> full = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        >>> torch.allclose(out, full.chunk(4, dim=2)[rank])
+        True
+    """
+    if not (q.shape == k.shape == v.shape and q.dim() == 4):
+        raise ValueError(f"ring_attention: q, k, v must share one shape (B, heads, S/N, head_dim), got "
+                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    return _RingAttention.apply(q, k, v, group, causal)

@@ -1,0 +1,217 @@
+"""Topologies: which links a message crosses, how fast they are, what a message and a reduced
+byte cost.
+
+A topology is a small dict of figures (a preset below, or a JSON file of the same shape)
+that :func:`build` turns into a :class:`Fabric` for N ranks: a list of link capacities and,
+for each pair of ranks, the route (link ids) and the per-message latency alpha. Three kinds:
+
+* ``flat``: every rank has one full-duplex cable to one switch: route
+  ``[rank src's uplink, rank dst's downlink]``;
+* ``nodes``: ``ranks_per_node`` ranks per node, consecutive. Inside a node a fast fabric
+  (``intra_alpha``, ``intra_bandwidth`` per rank per direction: NVLink through NVSwitch);
+  between nodes the network (``alpha``, ``bandwidth``), through one NIC per node
+  (``"nic": "node"``: a node's ranks share it) or one per rank (``"nic": "rank"``: rails);
+* ``fat_tree``: ``ranks_per_leaf`` ranks per leaf switch, leaves joined by spines; each
+  leaf's uplink carries ``ranks_per_leaf * bandwidth / oversubscription`` per direction
+  (1 = full bisection, 4 = four ranks' worth of traffic per uplink's worth).
+
+Every kind also has ``gamma`` (seconds per reduced byte), and optionally ``cores`` (how
+many cores the ranks share: None, a core each) and ``wake`` (seconds of CPU a rank needs
+to wake up after waiting), for machines with more ranks than cores, as ``local`` is.
+
+Figures are per direction, in bytes/s and seconds. ``source`` says where they come from.
+"""
+import json
+import os
+from dataclasses import dataclass
+
+from ..tuning import tables
+
+GB = 1e9
+
+PRESETS = {
+    "ethernet-100g": {
+        "kind": "flat",
+        "alpha": 10e-6, "bandwidth": 12.5 * GB, "gamma": 0.9e-12,
+        "source": "100 Gb/s Ethernet line rate = 12.5 GB/s per direction; alpha 10 us: NCCL's "
+                  "modelled network latency for its Simple protocol (hwLat NET, Ring/Simple, "
+                  "9.6 us, NVIDIA/nccl src/graph/tuning.cc), rounded; gamma: an H100's reduction "
+                  "at HBM3 speed (3.35 TB/s, 3 bytes of memory traffic per reduced byte).",
+    },
+    "h100-cluster": {
+        "kind": "nodes", "ranks_per_node": 8, "nic": "rank",
+        "intra_alpha": 1.9e-6, "intra_bandwidth": 450 * GB,
+        "alpha": 4.0e-6, "bandwidth": 50 * GB, "gamma": 0.9e-12,
+        "source": "NVIDIA DGX H100: 8 H100 SXM per node, NVLink 4 at 900 GB/s per GPU both "
+                  "directions together (450 GB/s each way) through NVSwitch; one ConnectX-7 "
+                  "400 Gb/s NIC per GPU (50 GB/s each way). Latencies: NCCL's hwLat for Ring/LL128 "
+                  "(NVLink 1.9 us, network 4.0 us; NVIDIA/nccl src/graph/tuning.cc). gamma: HBM3 "
+                  "3.35 TB/s, 3 bytes of memory traffic per reduced byte.",
+    },
+    "fat-tree": {
+        "kind": "fat_tree", "ranks_per_leaf": 32, "oversubscription": 4,
+        "alpha": 10e-6, "bandwidth": 12.5 * GB, "gamma": 0.9e-12,
+        "source": "ethernet-100g's figures on a two-level fat tree: 32 ranks per leaf switch, "
+                  "uplinks oversubscribed 4:1 (a common cost-saving design).",
+    },
+}
+
+KINDS = ("flat", "nodes", "fat_tree")
+FIELDS = {
+    "flat": ("alpha", "bandwidth", "gamma"),
+    "nodes": ("alpha", "bandwidth", "gamma", "ranks_per_node", "intra_alpha", "intra_bandwidth", "nic"),
+    "fat_tree": ("alpha", "bandwidth", "gamma", "ranks_per_leaf", "oversubscription"),
+}
+OPTIONAL = ("cores", "wake", "source", "name", "calibrated")
+
+
+def calibration_path():
+    """Where ``python -m benchmarks.sim_calibrate`` stores this machine's figures (per user,
+    beside the tuning tables)."""
+    return os.path.join(tables.cache_dir(), f"sim-local-{tables.machine_key()}.json")
+
+
+def local():
+    """This machine as calibrated: the per-user calibration if there is one, else the model
+    fitted on this project's 2-core machine that ships with the tuning table."""
+    path = calibration_path()
+    if os.path.exists(path):
+        with open(path) as f:
+            spec = json.load(f)
+        spec.setdefault("source", f"calibrated on this machine ({path})")
+        return spec
+    model = tables.shipped().get("model") or {}
+    if not model:
+        raise ValueError("--topology local: no calibration; run python -m benchmarks.sim_calibrate")
+    return {"kind": "flat", "alpha": model["alpha"], "bandwidth": 1 / model["beta"],
+            "gamma": model["gamma"], "cores": 2, "wake": 0.0,
+            "source": "no calibration on this machine (python -m benchmarks.sim_calibrate makes one): "
+                      "the model shipped in collectives/tuning/tuning_table.json, fitted on this "
+                      "project's 2-core machine"}
+
+
+def names():
+    return sorted(PRESETS) + ["local"]
+
+
+def load(name_or_path):
+    """The topology named (a preset, ``local``) or stored in a JSON file, validated.
+
+    Raises ValueError with what is wrong before anything runs.
+    """
+    if isinstance(name_or_path, dict):
+        spec = dict(name_or_path)
+    elif name_or_path == "local":
+        spec = dict(local(), name="local")
+    elif name_or_path in PRESETS:
+        spec = dict(PRESETS[name_or_path], name=name_or_path)
+    elif str(name_or_path).endswith(".json") or os.path.exists(str(name_or_path)):
+        try:
+            with open(name_or_path) as f:
+                spec = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"topology file {name_or_path}: {exc}") from None
+        if not isinstance(spec, dict):
+            raise ValueError(f"topology file {name_or_path}: expected a JSON object")
+        spec.setdefault("name", os.path.basename(str(name_or_path)))
+    else:
+        raise ValueError(f"unknown topology {name_or_path!r}: give one of {', '.join(names())} "
+                         f"or a JSON file")
+    return validate(spec)
+
+
+def validate(spec):
+    where = f"topology {spec.get('name', '')!r}"
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    unknown = set(spec) - set(FIELDS[kind]) - set(OPTIONAL) - {"kind"}
+    if unknown:
+        raise ValueError(f"{where}: unknown fields {sorted(unknown)}; a {kind} topology takes "
+                         f"{', '.join(FIELDS[kind] + OPTIONAL)}")
+    for field in FIELDS[kind]:
+        if field not in spec:
+            raise ValueError(f"{where}: a {kind} topology needs {field!r}")
+        if field == "nic":
+            if spec[field] not in ("node", "rank"):
+                raise ValueError(f"{where}: nic must be 'node' or 'rank', got {spec[field]!r}")
+            continue
+        value = spec[field]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{where}: {field} must be a non-negative number, got {value!r}")
+        if field in ("bandwidth", "intra_bandwidth", "oversubscription") and value <= 0:
+            raise ValueError(f"{where}: {field} must be above 0")
+        if field in ("ranks_per_node", "ranks_per_leaf") and (int(value) != value or value < 1):
+            raise ValueError(f"{where}: {field} must be a whole number >= 1")
+    cores = spec.get("cores")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise ValueError(f"{where}: cores must be a whole number >= 1 or null")
+    return spec
+
+
+@dataclass
+class Fabric:
+    """One topology laid out for ``n`` ranks."""
+    spec: dict
+    n: int
+    capacity: list
+    gamma: float
+    cores: object
+    wake: float
+
+    def route(self, src, dst):
+        """(link ids, alpha) of a message from ``src`` to ``dst``."""
+        s = self.spec
+        kind, n = s["kind"], self.n
+        if kind == "flat":
+            return (2 * src, 2 * dst + 1), s["alpha"]
+        if kind == "nodes":
+            per = s["ranks_per_node"]
+            if src // per == dst // per:
+                return (2 * src, 2 * dst + 1), s["intra_alpha"]
+            if s["nic"] == "rank":
+                return (2 * n + 2 * src, 2 * n + 2 * dst + 1), s["alpha"]
+            return (2 * n + 2 * (src // per), 2 * n + 2 * (dst // per) + 1), s["alpha"]
+        per = s["ranks_per_leaf"]
+        a, b = src // per, dst // per
+        if a == b:
+            return (2 * src, 2 * dst + 1), s["alpha"]
+        return (2 * src, 2 * n + 2 * a, 2 * n + 2 * b + 1, 2 * dst + 1), s["alpha"]
+
+    def describe(self):
+        return describe(self.spec)
+
+
+def build(spec, n):
+    """Lay ``spec`` (validated) out for ``n`` ranks."""
+    kind = spec["kind"]
+    bw = float(spec["bandwidth"])
+    if kind == "flat":
+        capacity = [bw] * (2 * n)
+    elif kind == "nodes":
+        per = spec["ranks_per_node"]
+        nics = n if spec["nic"] == "rank" else -(-n // per)
+        capacity = [float(spec["intra_bandwidth"])] * (2 * n) + [bw] * (2 * nics)
+    else:
+        per = spec["ranks_per_leaf"]
+        leaves = -(-n // per)
+        uplink = per * bw / spec["oversubscription"]
+        capacity = [bw] * (2 * n) + [uplink] * (2 * leaves)
+    return Fabric(spec, n, capacity, float(spec["gamma"]), spec.get("cores"), float(spec.get("wake") or 0.0))
+
+
+def describe(spec):
+    """One line: the topology's figures."""
+    kind = spec["kind"]
+    net = f"alpha {spec['alpha'] * 1e6:.3g} us, {spec['bandwidth'] / GB:.3g} GB/s"
+    if kind == "nodes":
+        text = (f"{spec['ranks_per_node']} ranks per node (alpha {spec['intra_alpha'] * 1e6:.3g} us, "
+                f"{spec['intra_bandwidth'] / GB:.3g} GB/s inside), NIC per {spec['nic']}: {net}")
+    elif kind == "fat_tree":
+        text = f"fat tree, {spec['ranks_per_leaf']} ranks per leaf, {spec['oversubscription']}:1 uplinks: {net}"
+    else:
+        text = f"flat switch: {net}"
+    text += f", gamma {spec['gamma'] * 1e12:.3g} ps/B"
+    if spec.get("cores"):
+        text += f", ranks share {spec['cores']} cores (wake-up {spec.get('wake', 0) * 1e6:.3g} us)"
+    return f"{spec.get('name', kind)}: {text}"

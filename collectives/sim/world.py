@@ -1,0 +1,309 @@
+"""N virtual ranks in one process: coroutines, one clock, one event queue, rendezvous messages.
+
+Each rank is a greenlet (a coroutine with its own stack: the unchanged algorithm code
+calls ``comm.recv(...)`` deep inside its loops and is simply suspended there). One
+loop, :meth:`World.run`, pops events in time order; an event resumes a rank, starts a
+message's bytes moving, or finishes them. A rank runs, at the current simulated time,
+until it waits for something that has not happened yet; then the loop goes on.
+
+Messages meet as in NCCL (rendezvous): a posted send and a posted receive match when
+source, destination, step and size agree (the real door puts the same four in its
+tag). Only then does the message start: after the latency alpha, which each rank
+pays for its messages one after another (a NIC or a CPU thread handles one message's
+set-up at a time), its bytes flow over the route's links (:mod:`.network`). Both
+ends complete when the last byte lands, and the receiver's tensor gets the sender's
+bytes then. A send whose receive is never posted never completes: if every rank
+ends up waiting, the schedule deadlocks, and :mod:`.deadlock` names the cycle.
+
+Compute (``op.combine``, ``gamma`` per reduced byte) takes the rank's time but not
+the network's: messages already posted keep moving. Where ranks share ``cores``
+cores, compute and the wake-up after each wait queue for a free core.
+"""
+import gc
+import heapq
+import itertools
+
+import greenlet
+
+from .. import observers
+from ..observers import Message
+from ..p2p_communications import MAX_STEP
+from .network import Network
+
+
+class SimulationError(RuntimeError):
+    """A rank raised: the message names the rank; ``__cause__`` is the original error."""
+
+
+class End:
+    """One end of a message: a posted send or receive."""
+    __slots__ = ("kind", "rank", "peer", "step", "nbytes", "tensor", "posted", "done", "watched",
+                 "collective", "algorithm")
+
+    def __init__(self, kind, rank, peer, step, nbytes, tensor, posted, collective, algorithm):
+        self.kind, self.rank, self.peer, self.step = kind, rank, peer, step
+        self.nbytes, self.tensor, self.posted = nbytes, tensor, posted
+        self.collective, self.algorithm = collective, algorithm
+        self.done = self.watched = False
+
+    def key(self):
+        src, dst = (self.rank, self.peer) if self.kind == "send" else (self.peer, self.rank)
+        return src, dst, self.step, self.nbytes
+
+
+class Rank:
+    __slots__ = ("id", "let", "waiting", "left", "finished", "end_time", "error",
+                 "sent_messages", "sent_bytes", "recv_messages", "recv_bytes", "reduced_bytes", "steps")
+
+    def __init__(self, i):
+        self.id = i
+        self.let = None
+        self.waiting = None           # the ends a blocked rank waits for
+        self.left = 0
+        self.finished = False
+        self.end_time = 0.0
+        self.error = None
+        self.sent_messages = self.sent_bytes = self.recv_messages = self.recv_bytes = 0
+        self.reduced_bytes = 0
+        self.steps = set()
+
+
+class World:
+    """The clock, the event queue, the ranks and the network of one simulation."""
+
+    def __init__(self, fabric, real_data=True):
+        self.fabric = fabric
+        self.n = fabric.n
+        self.now = 0.0
+        self.queue = []
+        self._seq = itertools.count()
+        self.ranks = [Rank(i) for i in range(self.n)]
+        self.network = Network(self, fabric.capacity)
+        self.unmatched = {}           # (src, dst, step, nbytes) -> [ends], oldest first
+        self.send_free = [0.0] * self.n   # when each rank's next message set-up can begin
+        self.recv_free = [0.0] * self.n
+        self.cores = [0.0] * fabric.cores if fabric.cores else None
+        self.real_data = real_data
+        self.watching = observers.watched()
+        self.hub = None
+        self.failed = None
+
+    # -- the loop ------------------------------------------------------------------
+
+    def at(self, t, fn, *args):
+        heapq.heappush(self.queue, (t, next(self._seq), fn, args))
+
+    def run(self, body):
+        """Run ``body(rank)`` on every rank to the end; return the finishing time.
+
+        Raises :class:`SimulationError` if a rank raised, and
+        :class:`collectives.sim.deadlock.Deadlock` if ranks wait for each other forever.
+        """
+        self.hub = greenlet.getcurrent()
+        for rank in self.ranks:
+            rank.let = greenlet.greenlet(self._main(rank, body), parent=self.hub)
+            self.at(0.0, rank.let.switch)
+        collecting = gc.isenabled()
+        gc.disable()   # millions of short-lived records and no cycles among them: the collector only costs
+        try:
+            self._loop()
+        finally:
+            if collecting:
+                gc.enable()
+        stuck = [r for r in self.ranks if not r.finished]
+        if stuck:
+            from .deadlock import Deadlock
+            raise Deadlock(self, stuck)
+        if self.unmatched:
+            from .deadlock import Deadlock
+            raise Deadlock(self, [])
+        return max(r.end_time for r in self.ranks)
+
+    def _loop(self):
+        queue, pop = self.queue, heapq.heappop
+        while queue:
+            t, _, fn, args = pop(queue)
+            self.now = t
+            fn(*args)
+            if self.failed is not None:
+                rank = self.failed
+                raise SimulationError(f"rank {rank.id} of {self.n} raised {type(rank.error).__name__}: "
+                                      f"{rank.error}") from rank.error
+
+    def _main(self, rank, body):
+        def main():
+            try:
+                body(rank.id)
+            except BaseException as exc:  # handed to the loop, which stops the simulation
+                rank.error = exc
+                self.failed = rank
+            rank.finished = True
+            rank.end_time = self.now
+        return main
+
+    def _block(self):
+        self.hub.switch()
+
+    # -- time a rank spends ----------------------------------------------------------
+
+    def _cpu(self, t, seconds):
+        """When work of ``seconds`` asked for at ``t`` ends, on a core of its own or a shared one."""
+        cores = self.cores
+        if cores is None:
+            return t + seconds
+        start = max(t, heapq.heappop(cores))
+        heapq.heappush(cores, start + seconds)
+        return start + seconds
+
+    def compute(self, rank, nbytes):
+        """``rank`` reduces ``nbytes``: it is busy gamma * nbytes; the network is not."""
+        r = self.ranks[rank]
+        r.reduced_bytes += nbytes
+        seconds = self.fabric.gamma * nbytes
+        if seconds > 0 or self.cores is not None:
+            self.at(self._cpu(self.now, seconds), r.let.switch)
+            self._block()
+
+    # -- messages ------------------------------------------------------------------
+
+    def post(self, rank, step, sends, recvs, collective, algorithm):
+        if not 0 <= step <= MAX_STEP:
+            raise ValueError(f"{collective}/{algorithm}: step {step} does not fit in a tag (0..{MAX_STEP})")
+        n, now, unmatched = self.n, self.now, self.unmatched
+        ends = []
+        for kind, pairs in (("recv", recvs), ("send", sends)):
+            for tensor, peer in pairs:
+                nbytes = tensor.nbytes
+                if nbytes == 0:
+                    continue
+                if not tensor.is_contiguous():
+                    raise ValueError(f"collectives.{collective}: a message must be a contiguous tensor "
+                                     f"(algorithm {algorithm!r}, step {step})")
+                if peer.__class__ is not int or not 0 <= peer < n or peer == rank:
+                    raise ValueError(f"collectives.{collective}/{algorithm}: rank {rank} step {step}: "
+                                     f"{kind} peer {peer!r} is not another rank of 0..{n - 1}")
+                end = End(kind, rank, peer, step, nbytes, tensor, now, collective, algorithm)
+                ends.append(end)
+                key = (rank, peer, step, nbytes) if kind == "send" else (peer, rank, step, nbytes)
+                waiting = unmatched.get(key)
+                if waiting and waiting[0].kind != kind:
+                    other = waiting.pop(0)
+                    if not waiting:
+                        del unmatched[key]
+                    self._match(other, end)
+                elif waiting:
+                    waiting.append(end)
+                else:
+                    unmatched[key] = [end]
+        return ends
+
+    def _match(self, a, b):
+        send, recv = (a, b) if a.kind == "send" else (b, a)
+        src, dst = send.rank, recv.rank
+        links, alpha = self.fabric.route(src, dst)
+        start = max(self.now, self.send_free[src], self.recv_free[dst])
+        self.send_free[src] = self.recv_free[dst] = start + alpha
+        heapq.heappush(self.queue, (start + alpha, next(self._seq), self.network.start,
+                                    (links, send.nbytes, self._complete, send, recv)))
+
+    def _complete(self, send, recv):
+        if self.real_data and not recv.tensor.is_meta:
+            recv.tensor.copy_(send.tensor)
+        now = self.now
+        s, r = self.ranks[send.rank], self.ranks[recv.rank]
+        s.sent_messages += 1
+        s.sent_bytes += send.nbytes
+        r.recv_messages += 1
+        r.recv_bytes += recv.nbytes
+        s.steps.add(send.step)
+        r.steps.add(recv.step)
+        if self.watching:
+            for end in (send, recv):
+                src, dst = (end.rank, end.peer) if end.kind == "send" else (end.peer, end.rank)
+                observers.report_message(Message(end.collective, end.algorithm, end.step, end.kind, src, dst,
+                                                 end.nbytes, end.posted, now))
+        send.done = recv.done = True
+        send.tensor = recv.tensor = None
+        # both ends are done before either rank runs on
+        wake_s = s.left == 1 and send.watched
+        wake_r = r.left == 1 and recv.watched
+        if send.watched:
+            s.left -= 1
+        if recv.watched:
+            r.left -= 1
+        if wake_s:
+            self._wake(s, now)
+        if wake_r:
+            self._wake(r, now)
+
+    def _wake(self, rank, now):
+        rank.waiting = None
+        if self.cores is not None or self.fabric.wake:
+            self.at(self._cpu(now, self.fabric.wake), rank.let.switch)
+        else:
+            rank.let.switch()   # on at once: it runs until it waits again, then we are back here
+
+    def wait(self, rank, ends):
+        left = [e for e in ends if not e.done]
+        if not left:
+            return
+        r = self.ranks[rank]
+        for e in left:
+            e.watched = True
+        r.waiting, r.left = left, len(left)
+        self._block()
+
+
+class SimPending:
+    """What :meth:`SimDoor.post` returns: ``wait()`` suspends the rank until every end completed."""
+    __slots__ = ("world", "rank", "ends")
+
+    def __init__(self, world, rank, ends):
+        self.world, self.rank, self.ends = world, rank, ends
+
+    def wait(self):
+        self.world.wait(self.rank, self.ends)
+        self.ends = []
+
+
+class SimDoor:
+    """The simulator's door (:class:`collectives.door.Door`) for one virtual rank."""
+    nccl = False    # algorithms ask (barrier's token lives on the CPU)
+
+    def __init__(self, world, rank, collective, algorithm):
+        self.world, self.rank, self.size = world, rank, world.n
+        self.collective, self.algorithm = collective, algorithm
+
+    def post(self, step, sends=(), recvs=()):
+        return SimPending(self.world, self.rank, self.world.post(self.rank, step, sends, recvs,
+                                                                 self.collective, self.algorithm))
+
+    def exchange(self, step, sends=(), recvs=()):
+        ends = self.world.post(self.rank, step, sends, recvs, self.collective, self.algorithm)
+        if ends:
+            self.world.wait(self.rank, ends)
+
+    def send(self, tensor, peer, step):
+        self.exchange(step, sends=((tensor, peer),))
+
+    def recv(self, tensor, peer, step):
+        self.exchange(step, recvs=((tensor, peer),))
+
+    def sendrecv(self, send_tensor, dst, recv_tensor, src, step):
+        self.exchange(step, ((send_tensor, dst),), ((recv_tensor, src),))
+
+
+class ChargedOp:
+    """A :class:`~collectives.reduce_ops.Reduction` whose ``combine`` also charges the rank gamma
+    per reduced byte (on ``meta`` tensors only the time: there is nothing to add)."""
+
+    def __init__(self, red, world, rank):
+        self.red, self.world, self.rank = red, world, rank
+        self.op, self.name, self.fn, self.average = red.op, red.name, red.fn, red.average
+
+    def combine(self, acc, x):
+        if not acc.is_meta:
+            self.red.combine(acc, x)
+        self.world.compute(self.rank, acc.nbytes)
+        return acc
+

@@ -1,0 +1,195 @@
+"""Pipeline parallelism (collectives/parallel/pipeline.py) and the point-to-point API under it.
+
+* the point-to-point API: messages arrive, in order, numbered per direction (ranks that
+  did not take part in a message still agree with the others on the next collective);
+  bad arguments raise before anything is sent;
+* GPipe and 1F1B on 1-4 stages, m below and above p: the parameters after three SGD
+  steps are bitwise those of one process running the same micro-batches in turn
+  (each stage's backwards run in micro-batch order, so every gradient sums in the same
+  order);
+* traffic: one step sends m activations forward and m gradients back, A bytes each, per
+  boundary (the formula of chapter 16), counted by ``count_traffic``;
+* 1F1B holds at most p - s micro-batches' activations on stage s; GPipe holds m.
+"""
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import collectives
+from collectives import p2p_api
+from collectives.parallel.pipeline import PipelineStage, gpipe, one_f_one_b, split_sizes
+from tests.worlds import run_world
+
+WIDTH, BATCH, BLOCKS, STEPS, LR = 6, 8, 5, 3, 0.1
+
+
+def blocks():
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()).double() for _ in range(BLOCKS)]
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(step)
+    return (torch.randn(BATCH, WIDTH, generator=g, dtype=torch.float64),
+            torch.randn(BATCH, WIDTH, generator=g, dtype=torch.float64))
+
+
+def loss_fn(y, t):
+    return (y - t).pow(2).mean()
+
+
+def reference(m):
+    """One process: the micro-batches in turn, gradients accumulated, one SGD step per batch."""
+    model = nn.Sequential(*blocks())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, t = batch(step)
+        for xi, ti in zip(x.chunk(m), t.chunk(m)):
+            (loss_fn(model(xi), ti) / m).backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def _pipeline(rank, p, m, schedule, group):
+    sizes = split_sizes(BLOCKS, p)
+    first = sum(sizes[:rank])
+    module = nn.Sequential(*blocks()[first:first + sizes[rank]])
+    stage = PipelineStage(module, recv_shape=(BATCH // m, WIDTH), group=group, dtype=torch.float64)
+    opt = torch.optim.SGD(module.parameters(), lr=LR)
+    traffic = None
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, t = batch(step)
+        with collectives.count_traffic() as counted:
+            stage.step(m, list(x.chunk(m)) if stage.first else None, list(t.chunk(m)) if stage.last else None,
+                       loss_fn, schedule)
+        traffic = traffic or counted
+        opt.step()
+    ref = reference(m)
+    mine = [q.detach() for q in module.parameters()]
+    start = 2 * first            # weight and bias per block
+    return dict(equal=all(torch.equal(a, b) for a, b in zip(mine, ref[start:start + len(mine)])),
+                traffic=(traffic.sent_bytes, traffic.sent_messages, traffic.recv_bytes, traffic.recv_messages),
+                held=stage.peak_held)
+
+
+def _pipelines(rank, world_size):
+    out = {}
+    for p in (1, 2, 3, 4):
+        group = dist.new_group(list(range(p)))
+        for m in (1, 2, 4):
+            for schedule in ("gpipe", "1f1b"):
+                if rank < p:
+                    out[p, m, schedule] = _pipeline(rank, p, m, schedule, group)
+        collectives.barrier()
+    return out
+
+
+def test_pipeline_equals_one_process_and_moves_what_the_formula_says():
+    results = run_world(_pipelines, 4)
+    checked = 0
+    for rank, out in enumerate(results):
+        for (p, m, schedule), r in out.items():
+            where = f"rank {rank}, p={p}, m={m}, {schedule}"
+            assert r["equal"], f"{where}: parameters differ from one process"
+            a = (BATCH // m) * WIDTH * 8                       # one micro-batch's activation, float64
+            sends = m * ((rank < p - 1) + (rank > 0))          # activations forward, gradients back
+            assert r["traffic"] == (sends * a, sends, sends * a, sends), where
+            assert r["held"] == (m if schedule == "gpipe" else min(p - rank, m)), where
+            checked += 1
+    assert checked == 4 * 6 + 3 * 6 + 2 * 6 + 6
+
+
+def test_schedules_run_every_micro_batch_once():
+    for p in (1, 2, 3, 5):
+        for m in (1, 2, 3, 8):
+            for s in range(p):
+                for schedule in (gpipe, one_f_one_b):
+                    ops = schedule(p, m, s)
+                    assert sorted(ops) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+                    assert [i for k, i in ops if k == "B"] == list(range(m))   # backwards in order
+                    assert all(ops.index(("F", i)) < ops.index(("B", i)) for i in range(m))
+    assert one_f_one_b(4, 6, 0) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("F", 4), ("B", 1),
+                                    ("F", 5), ("B", 2), ("B", 3), ("B", 4), ("B", 5)]
+    assert one_f_one_b(4, 6, 3) == [x for i in range(6) for x in (("F", i), ("B", i))]
+
+
+def _p2p(rank, world_size):
+    out = {}
+    # 0 -> 1 three times, 1 -> 0 once (async, posted before the receives); rank 2 does none of it
+    if rank == 0:
+        works = [p2p_api.isend(torch.full((3,), float(k)), 1) for k in range(3)]
+        back = torch.zeros(2)
+        p2p_api.recv(back, 1)
+        for w in works:
+            w.wait()
+        out["back"] = back.tolist()
+    elif rank == 1:
+        got = [torch.zeros(3) for _ in range(3)]
+        ops = [p2p_api.P2POp(p2p_api.irecv, g, 0) for g in got] + \
+              [p2p_api.P2POp(p2p_api.isend, torch.tensor([5.0, 6.0]), 0)]
+        with collectives.count_traffic() as counted:
+            for w in p2p_api.batch_isend_irecv(ops):
+                w.wait()
+        out["got"] = [g.tolist() for g in got]
+        out["traffic"] = (counted.sent_bytes, counted.sent_messages, counted.recv_bytes, counted.recv_messages)
+    if rank in (0, 1):      # empty and non-contiguous tensors
+        if rank == 0:
+            p2p_api.send(torch.zeros(0), 1)
+            p2p_api.send(torch.arange(6.0).view(2, 3).t(), 1, tag=7)
+        else:
+            p2p_api.recv(torch.zeros(0), 0)
+            t = torch.zeros(2, 3).t()
+            p2p_api.recv(t, 0, tag=7)
+            out["strided"] = t.tolist()
+    # the next collective still pairs on every rank: point-to-point took no call number
+    t = torch.tensor([float(rank)])
+    collectives.all_reduce(t)
+    out["sum"] = t.item()
+    errors = []
+    for bad in (lambda: p2p_api.send(torch.zeros(1), rank), lambda: p2p_api.send(torch.zeros(1), world_size),
+                lambda: p2p_api.send(torch.zeros(1), (rank + 1) % world_size, tag=-1),
+                lambda: p2p_api.send([1.0], (rank + 1) % world_size),
+                lambda: p2p_api.batch_isend_irecv([p2p_api.P2POp(dist.isend, torch.zeros(1), 0)])):
+        try:
+            bad()
+        except (ValueError, TypeError) as exc:
+            errors.append(str(exc))
+    out["errors"] = errors
+    return out
+
+
+def test_point_to_point_api():
+    r = run_world(_p2p, 3)
+    assert r[0]["back"] == [5.0, 6.0]
+    assert r[1]["got"] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
+    assert r[1]["traffic"] == (8, 1, 36, 3)
+    assert r[1]["strided"] == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    assert all(x["sum"] == 3.0 for x in r)
+    for x in r:
+        assert len(x["errors"]) == 5, x["errors"]
+        assert "cannot message itself" in x["errors"][0]
+        assert "out of range" in x["errors"][1]
+        assert "tag" in x["errors"][2]
+
+
+def _wrong_size(rank, world_size):
+    try:
+        if rank == 0:
+            p2p_api.send(torch.zeros(4), 1)
+        else:
+            p2p_api.recv(torch.zeros(8), 0)
+    except collectives.CollectiveTimeout as exc:
+        time.sleep(3)      # stay: leaving would close the connection under the other rank's wait
+        return str(exc)
+    return "no error"
+
+
+def test_a_receive_of_the_wrong_size_waits_and_is_explained():
+    """The size is in the tag: 16 bytes never fill a 32-byte receive; both sides time out, named."""
+    r = run_world(_wrong_size, 2, env={"COLLECTIVES_TIMEOUT": "2"})
+    assert "timed out after 2 s waiting to send 16 bytes to rank 1" in r[0], r[0]
+    assert "timed out after 2 s waiting to receive 32 bytes from rank 0" in r[1], r[1]

@@ -1,0 +1,141 @@
+"""Tensor and sequence parallelism (collectives/parallel/tensor_parallel.py): the parameters of
+single-process training, and the bytes chapter 17 derives.
+
+One world of 4 ranks runs every case on groups of 1, 2, 3 and 4 of them. The block is float64:
+the tensor-parallel sums add the same products in another order (partial sums per rank, then the
+all_reduce), so the parameters agree to rounding (about 1e-15 relative per operation), not
+bitwise; 1e-10 after three steps leaves a wide margin and still catches any missing or doubled
+term, which moves a parameter by about lr x gradient ~ 1e-3.
+"""
+import torch
+import torch.distributed as dist
+
+import collectives
+from collectives.parallel.tensor_parallel import (Block, ColumnParallelLinear, ParallelBlock,
+                                                  reduce_replicated_grads)
+from tests.worlds import run_world
+
+S, B, H, HEADS, FFN = 12, 2, 24, 12, 48     # S, H, HEADS, FFN divisible by 1, 2, 3, 4
+STEPS, LR = 3, 0.1
+E = 8                                        # float64
+
+
+def reference_block():
+    torch.manual_seed(0)
+    return Block(H, HEADS, FFN, dtype=torch.float64)
+
+
+def data(step):
+    g = torch.Generator().manual_seed(step)
+    return (torch.randn(S, B, H, generator=g, dtype=torch.float64),
+            torch.randn(S, B, H, generator=g, dtype=torch.float64))
+
+
+def loss_of(y, target):
+    return ((y - target) ** 2).sum() / (S * B * H)   # the mean over the whole sequence, shard by shard
+
+
+def train(model, group, sequence_parallel, steps):
+    n, r = (dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        x, target = data(step)
+        if sequence_parallel:   # each rank its own S/N positions
+            x, target = x.chunk(n)[r], target.chunk(n)[r]
+        opt.zero_grad()
+        loss_of(model(x), target).backward()
+        if sequence_parallel:
+            reduce_replicated_grads(model, group)
+        opt.step()
+
+
+def same_as_one_process(rank, world_size):
+    results = {}
+    groups = {n: dist.new_group(list(range(n))) for n in range(1, world_size + 1)}
+    reference = reference_block()
+    train(reference, None, False, STEPS)
+    for n, group in groups.items():
+        if rank >= n:
+            continue
+        for sp in (False, True, "regather"):
+            model = ParallelBlock(reference_block(), group, sp)
+            train(model, group, sp, STEPS)
+            expected = ParallelBlock(reference, group, sp).state_dict()   # the trained reference, cut the same way
+            start = ParallelBlock(reference_block(), group, sp).state_dict()
+            got = model.state_dict()
+            diff = max((got[k] - expected[k]).abs().max().item() for k in got)
+            moved = min((got[k] - start[k]).abs().max().item() for k in got)
+            with collectives.count_traffic() as t:
+                train(model, group, sp, 1)
+            results[(n, sp)] = (diff, moved, t.sent_bytes, t.sent_messages, t.recv_bytes, saved_bytes(model, n, sp))
+    return results
+
+
+def saved_bytes(model, n, sequence_parallel):
+    """Bytes of the tensors autograd keeps for backward in one forward pass (each counted once)."""
+    x = data(0)[0]
+    x = x.chunk(n)[dist.get_rank()] if sequence_parallel else x
+    kept = {}
+
+    def pack(t):
+        kept[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t.nbytes
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    return sum(kept.values())
+
+
+def expected_traffic(n, sequence_parallel):
+    """Chapter 17: four collectives of the activation A = S x B x H x e per block and step, each
+    sending 2(N-1)/N x A per rank (all_reduce, ring) or (N-1)/N x A (all_gather, reduce_scatter:
+    eight of them, ten when the column-parallel inputs are gathered again in backward); sequence
+    parallel adds one all_reduce of the LayerNorm and bias gradients."""
+    if n == 1:
+        return 0, 0
+    a = S * B * H * E
+    collectives_of_a = 10 if sequence_parallel == "regather" else 8    # regather: 2 all_gathers more
+    sent, messages = collectives_of_a * (n - 1) * a // n, collectives_of_a * (n - 1)
+    if sequence_parallel:
+        replicated = (2 * H + 2 * H + 2 * H) * E    # ln1, ln2 (weight, bias), attn.out.bias, mlp.fc2.bias
+        sent += 2 * (n - 1) * replicated // n
+        messages += 2 * (n - 1)
+    return sent, messages
+
+
+def test_tensor_and_sequence_parallel_train_like_one_process():
+    per_rank = run_world(same_as_one_process, 4)
+    for rank, results in enumerate(per_rank):
+        assert len(results) == 3 * (4 - rank)
+        for (n, sp), (diff, moved, sent, messages, received, kept) in results.items():
+            what = f"rank {rank}, group of {n}, sequence_parallel={sp}"
+            assert moved > 1e-6, f"{what}: a parameter did not move"
+            assert diff < 1e-10, f"{what}: differs from one process by {diff}"
+            assert (sent, messages) == expected_traffic(n, sp), f"{what}: sent {sent} B in {messages} messages"
+            assert received == sent, what
+        one = per_rank[0][(1, False)][5]      # one process: the group of rank 0 alone
+        for n in range(max(2, rank + 1), 5):         # the groups this rank is in
+            kept = {sp: results[(n, sp)][5] for sp in (False, True, "regather")}
+            # chapter 17: regathered, every activation is cut N ways (the LayerNorms' per-position
+            # statistics aside); tensor parallel keeps whole the inputs of the LayerNorms and linears
+            assert one / n <= kept["regather"] < 1.05 * one / n, (rank, n, kept, one)
+            assert kept["regather"] < kept[True] < kept[False], (rank, n, kept)
+
+
+def check_errors(rank, world_size):
+    errors = []
+    only_rank_0 = dist.new_group([0])
+    for make in (lambda: ColumnParallelLinear(4, 3), lambda: ParallelBlock(Block(6, 3, 8)),
+                 lambda: ColumnParallelLinear(4, 4, group=only_rank_0)):
+        try:
+            make()
+        except ValueError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def test_sizes_that_do_not_split_are_refused_before_any_message():
+    per_rank = run_world(check_errors, 2)
+    for errors in per_rank:
+        assert "out_features=3 is not divisible by the group size 2" in errors[0]
+        assert "heads=3 must be divisible by the group size 2" in errors[1]
+    assert "rank 1 is not a member of the group" in per_rank[1][2]

@@ -1,0 +1,94 @@
+"""Exercises graded in the simulator (chapter 14) instead of in worlds of processes.
+
+``sim_all_reduce``: the learner's all_reduce, with the signature of the algorithm
+modules (a door, a flat tensor, a reduction), runs in ``collectives.sim``:
+
+1. **Results** on real tensors: worlds of 1, 2, 3, 4, 5, 8, 13 and 33 ranks (quick: 1, 2,
+   3, 5), tensors of 0, 1, 7 and 1000 float32 elements; every rank must hold the exact sum.
+2. **Deadlock**: under rendezvous semantics a schedule that cannot finish is reported
+   with its wait-for cycle (at any of those sizes, and at scale).
+3. **Speed at scale**: 64 MiB on 1,024 ranks (quick: 64) of ``ethernet-100g``; the
+   simulated busbw must reach 90% of the ring's. The ring's time there is the
+   alpha-beta-gamma formula, which the test suite holds equal to the simulator on a
+   flat switch (tests/test_sim.py), so only the learner's schedule is simulated.
+"""
+import importlib
+import importlib.util
+import traceback
+from pathlib import Path
+
+FULL_WORLDS = (1, 2, 3, 4, 5, 8, 13, 33)
+QUICK_WORLDS = (1, 2, 3, 5)
+ELEMENTS = (0, 1, 7, 1000)
+SCALE, QUICK_SCALE = 1024, 64
+SCALE_BYTES = 64 << 20
+TOPOLOGY = "ethernet-100g"
+FRACTION = 0.9
+
+
+def load(name, source):
+    """The learner's function from a .py path or a module name."""
+    if source.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"_sim_solution_{Path(source).stem}", source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(source)
+    return getattr(module, name)
+
+
+class SimAllReduce:
+    simulated = True
+    chapter = "chapter 14 (tutorials/14_a_thousand_ranks.md)"
+
+    def grade(self, name, source, shown, quick=False, world_sizes=None):
+        """(passed, reason, text)."""
+        from collectives import sim
+        from collectives.sim.collective import busbw_factor
+        from collectives.tuning import cost_model
+
+        try:
+            fn = load(name, source)
+        except Exception:
+            return False, "load_error", f"FAIL {name}: {shown} does not load:\n{traceback.format_exc(limit=-1)}"
+        worlds = world_sizes or (QUICK_WORLDS if quick else FULL_WORLDS)
+        cases = 0
+        for n in worlds:
+            for e in ELEMENTS:
+                where = f"{n} rank(s), tensor float32[{e}]"
+                try:
+                    r = sim.simulate("all_reduce", fn, n, 4 * e, topology=TOPOLOGY, device="cpu")
+                except sim.Deadlock as exc:
+                    return False, "deadlock", f"FAIL {name}: deadlock with {where}.\n{exc}\nSee {self.chapter}."
+                except sim.SimulationError as exc:
+                    cause = exc.__cause__
+                    if isinstance(cause, NotImplementedError):
+                        return False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises "
+                                                      f"NotImplementedError. Write its body (the docstring "
+                                                      f"says what to build), then grade it again.")
+                    text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__, limit=-3))
+                    return False, "crash", f"FAIL {name}: {exc} with {where}:\n{text}"
+                if r.wrong is not None:
+                    rank, _, j, got, want = r.wrong
+                    return False, "wrong", (f"FAIL {name}: wrong result with {where}: rank {rank}, element {j} "
+                                            f"is {got}, expected {want} (the sum over ranks).")
+                cases += 1
+        n = QUICK_SCALE if quick else SCALE
+        try:
+            mine = sim.simulate("all_reduce", fn, n, SCALE_BYTES, topology=TOPOLOGY, device="meta")
+        except sim.Deadlock as exc:
+            return False, "deadlock", f"FAIL {name}: deadlock at {n} ranks, 64 MiB.\n{exc}\nSee {self.chapter}."
+        except sim.SimulationError as exc:
+            return False, "crash", f"FAIL {name}: {exc} at {n} ranks, 64 MiB (meta tensors: sizes only)."
+        spec = sim.load_topology(TOPOLOGY)
+        ring = cost_model.predict("all_reduce", "ring", n, SCALE_BYTES,
+                                  {"alpha": spec["alpha"], "beta": 1 / spec["bandwidth"], "gamma": spec["gamma"]})
+        ring_busbw = SCALE_BYTES / ring * busbw_factor("all_reduce", n)
+        ratio = mine.busbw / ring_busbw
+        figures = (f"busbw {mine.busbw / 1e9:.2f} GB/s at {n} ranks, 64 MiB on {TOPOLOGY}: {ratio:.0%} of the "
+                   f"ring's {ring_busbw / 1e9:.2f} GB/s; {mine.max_bytes_sent} bytes sent by the busiest rank")
+        if ratio < FRACTION:
+            return False, "slow", (f"FAIL {name}: correct in all {cases} cases, but too slow at scale: {figures}. "
+                                   f"Send pieces of S/N, not the whole tensor: see chapter 4.")
+        return True, "pass", (f"PASS {name}: correct in all {cases} cases on worlds of "
+                              f"{', '.join(map(str, worlds))} ranks, no deadlock; {figures}.")
