@@ -30,6 +30,7 @@ import argparse
 import csv
 import datetime
 import json
+import math
 import os
 import pickle
 import platform
@@ -42,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from collectives import settings
 from collectives.tools import lab as lab_tools
 from collectives.tools import launch
 
@@ -71,6 +73,8 @@ def parse_size(text):
         value = float(text[:-1] if scale > 1 else text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with K, M or G)") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"a size must be a finite number of bytes, got {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"a size cannot be negative: {text!r}")
     return int(value * scale)
@@ -113,6 +117,48 @@ def sizes(minbytes, maxbytes, stepfactor=1, stepbytes=1 << 20):
 
 # ---------------------------------------------------------------- flags
 
+def whole(low, what="a whole number"):
+    """An argparse ``type``: an int of at least ``low`` (e.g. ``--threads 0`` is refused by name)."""
+    def parse(text):
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} of {low} or more expected, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{what} of {low} or more expected, got {text!r}")
+        return value
+    parse.__name__ = f"whole number >= {low}"
+    return parse
+
+
+def positive(what="a number", most=None):
+    """An argparse ``type``: a finite float above 0 (and at most ``most``): ``--timeout -1``,
+    ``--budget inf`` are refused by name."""
+    def parse(text):
+        try:
+            value = float(str(text).strip())
+        except ValueError:
+            value = float("nan")
+        if not (math.isfinite(value) and value > 0 and (most is None or value <= most)):
+            bound = f" and at most {most:g}" if most is not None else ""
+            raise argparse.ArgumentTypeError(f"{what} above 0{bound} expected, got {text!r}")
+        return value
+    parse.__name__ = "positive number"
+    return parse
+
+
+def whole_list(low, what="whole numbers"):
+    """An argparse ``type``: comma-separated ints, each at least ``low`` (``--batch 1,32``)."""
+    one = whole(low, "each a whole number")
+
+    def parse(text):
+        values = [one(x) for x in str(text).split(",") if x.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"{what} of {low} or more expected, e.g. 1,32; got {text!r}")
+        return values
+    return parse
+
+
 def _world_sizes(text):
     try:
         values = [int(x) for x in str(text).split(",") if x.strip()]
@@ -129,10 +175,10 @@ def add_world_flags(p, default="2", backend=True):
                    help=f"ranks to start; several run in turn, e.g. 2,4 (default {default}); "
                         f"under torchrun the world it started")
     p.set_defaults(_world_default=default)
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=whole(1), default=1,
                    help="torch intra-op threads per rank (torch's default made hand-written rings "
                         "2-9x slower with more ranks than cores)")
-    p.add_argument("--timeout", type=float, default=300,
+    p.add_argument("--timeout", type=positive("seconds", settings.MAX_TIMEOUT), default=300,
                    help="seconds any rank waits for a peer (COLLECTIVES_TIMEOUT and the built-in's)")
     p.add_argument("--lab", type=lab_tools.lab_argument, default=None, metavar="hosts=K,...",
                    help=lab_tools.FLAG_HELP)
@@ -147,7 +193,7 @@ def add_size_flags(p, b="4K", e="16M", f=4, i="1M"):
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size(b), help=f"smallest size (default {b})")
     p.add_argument("-e", "--maxbytes", type=parse_size, default=None if e is None else parse_size(e),
                    help=f"largest size (default {e or 'the same as -b'})")
-    p.add_argument("-f", "--stepfactor", type=int, default=f,
+    p.add_argument("-f", "--stepfactor", type=whole(1), default=f,
                    help=f"multiply the size by this between points (default {f}); 1: add -i instead")
     p.add_argument("-i", "--stepbytes", type=parse_size, default=parse_size(i),
                    help=f"add this to the size between points when -f is 1 (default {i})")
@@ -156,9 +202,9 @@ def add_size_flags(p, b="4K", e="16M", f=4, i="1M"):
 
 def add_timing_flags(p, n=20, w=2):
     """nccl-tests' ``-n`` (iterations) and ``-w`` (warmup iterations) on parser ``p``."""
-    p.add_argument("-n", "--iters", type=int, default=n,
+    p.add_argument("-n", "--iters", type=whole(1), default=n,
                    help=f"timed iterations (samples) per candidate and size (default {n})")
-    p.add_argument("-w", "--warmup-iters", type=int, default=w, help=f"untimed iterations first (default {w})")
+    p.add_argument("-w", "--warmup-iters", type=whole(0), default=w, help=f"untimed iterations first (default {w})")
     return p
 
 

@@ -122,12 +122,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.cpu", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     common.add_size_flags(p, b="16M", e=None, f=4)
-    p.add_argument("-n", "--iters", type=int, default=10, help="calls back to back per round and candidate")
-    p.add_argument("-w", "--warmup-iters", type=int, default=2, help="untimed calls before each round")
+    p.add_argument("-n", "--iters", type=common.whole(1), default=10, help="calls back to back per round and candidate")
+    p.add_argument("-w", "--warmup-iters", type=common.whole(0), default=2, help="untimed calls before each round")
     p.add_argument("--algorithm", default="ring,ring_pipelined",
                    help="comma-separated all_reduce algorithms to set beside the built-in")
     common.add_world_flags(p, default="4", backend=False)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=common.whole(1), default=3)
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "cpu"))
     args = p.parse_args(argv)
     args.algorithm = [a for a in args.algorithm.split(",") if a]

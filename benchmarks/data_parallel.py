@@ -160,13 +160,13 @@ def _batch(args, rank, world):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.data_parallel", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("-n", "--iters", type=int, default=10, help="training steps per timed round")
-    p.add_argument("-w", "--warmup-iters", type=int, default=5, help="untimed steps per variant first")
-    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("-n", "--iters", type=common.whole(1), default=10, help="training steps per timed round")
+    p.add_argument("-w", "--warmup-iters", type=common.whole(0), default=5, help="untimed steps per variant first")
+    p.add_argument("--rounds", type=common.whole(1), default=15)
     p.add_argument("--algorithm", default=None, help="all_reduce algorithm (default: by size)")
     common.add_world_flags(p, default="2,4", backend=False)
-    p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
-    p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--batch-size", type=common.whole(1), default=32, help="examples per rank per step")
+    p.add_argument("--bucket-cap-mb", type=common.positive("MiB"), default=25)
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "data_parallel"))
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="instead of timing: trace one DataParallel step, write FILE (Perfetto JSON) and a PNG")

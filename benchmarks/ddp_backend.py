@@ -82,9 +82,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.ddp_backend", description=__doc__.split("\n")[0])
     common.add_timing_flags(p, n=20, w=5)   # -n: timed rounds per backend; -w: untimed steps first
     common.add_world_flags(p, default="2,4", backend=False)
-    p.add_argument("--steps", type=int, default=5, help="steps per timed round")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
-    p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's bucket size")
+    p.add_argument("--steps", type=common.whole(1), default=5, help="steps per timed round")
+    p.add_argument("--batch-size", type=common.whole(1), default=32, help="examples per rank per step")
+    p.add_argument("--bucket-cap-mb", type=common.positive("MiB"), default=25, help="DDP's bucket size")
     p.add_argument("--algo", default="", help='COLLECTIVES_ALGO, e.g. "all_reduce:ring" (default: auto)')
     args = common.finish_parsing(p, p.parse_args(argv))
     print(f"# torch DDP, MNIST net, {args.iters} rounds x {args.steps} steps after {args.warmup_iters} warm-up "

@@ -109,7 +109,7 @@ def main(argv=None):
     p.add_argument("--algorithm", default="default",
                    help="comma-separated all_reduce algorithms; 'default' is algorithm=None")
     common.add_world_flags(p, default="2,4", backend=False)
-    p.add_argument("--batch", type=int, default=0, help="calls per iteration (0: up to 32 for small sizes)")
+    p.add_argument("--batch", type=common.whole(0), default=0, help="calls per iteration (0: up to 32 for small sizes)")
     p.add_argument("--debug", action="store_true", help="also time COLLECTIVES_DEBUG=1 (the fingerprint round)")
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "desync_cost"))
     args = p.parse_args(argv)

@@ -145,8 +145,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     common.add_size_flags(p, b="64M", e=None, f=4)
-    p.add_argument("-n", "--iters", type=int, default=3, help="measured calls per candidate (the median is shown)")
-    p.add_argument("-w", "--warmup-iters", type=int, default=1, help="calls before measuring (first-call setup)")
+    p.add_argument("-n", "--iters", type=common.whole(1), default=3, help="measured calls per candidate (the median is shown)")
+    p.add_argument("-w", "--warmup-iters", type=common.whole(0), default=1, help="calls before measuring (first-call setup)")
     common.add_data_flags(p, check=False)
     p.add_argument("--collective", default="all_reduce", help=f"comma-separated: {','.join(sweep.COLLECTIVES)}")
     p.add_argument("--algorithm", default="all", help="comma-separated names, builtin, default, or all")

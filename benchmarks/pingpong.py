@@ -103,7 +103,7 @@ def main(argv=None):
     common.add_size_flags(p, b="4", e="16M", f=4)
     common.add_timing_flags(p, n=20, w=2)
     common.add_world_flags(p, default="2")
-    p.add_argument("--batch", type=int, default=0, help="calls per iteration (0: up to 32 for small sizes)")
+    p.add_argument("--batch", type=common.whole(0), default=0, help="calls per iteration (0: up to 32 for small sizes)")
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "pingpong"))
     args = common.finish_parsing(p, p.parse_args(argv))
     meta = common.machine_info("python -m benchmarks.pingpong", args)

@@ -574,7 +574,7 @@ def build_parser():
                    help="comma-separated algorithm names, plus 'builtin' and 'default' (algorithm=None); "
                         "'all' for every one")
     common.add_world_flags(p, default="2")
-    p.add_argument("--batch", type=int, default=0, help="calls per iteration (0: up to 32 for small sizes)")
+    p.add_argument("--batch", type=common.whole(0), default=0, help="calls per iteration (0: up to 32 for small sizes)")
     p.add_argument("--no-builtin", action="store_true", help="do not run the built-in")
     p.add_argument("--no-self", action="store_true",
                    help=f"do not time algorithm=None a second time ({SELF}: the noise of the same code "

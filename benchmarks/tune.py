@@ -124,11 +124,11 @@ def build_parser():
     common.add_timing_flags(p, n=5, w=1)
     p.add_argument("--collective", default=",".join(sweep.DEFAULT_COLLECTIVES),
                    help=f"comma-separated: {','.join(sweep.COLLECTIVES)}")
-    p.add_argument("--top", type=int, default=3, help="algorithms timed per point above --all-below: "
+    p.add_argument("--top", type=common.whole(1), default=3, help="algorithms timed per point above --all-below: "
                                                        "the model's best few")
     p.add_argument("--all-below", type=common.parse_size, default=common.parse_size("1M"),
                    help="up to this size, time every algorithm algorithm=None may pick")
-    p.add_argument("--budget", type=float, default=120, help="seconds for the whole run (split between "
+    p.add_argument("--budget", type=common.positive("seconds"), default=120, help="seconds for the whole run (split between "
                                                              "world sizes in proportion to N); a size left over "
                                                              "takes the nearer measured size's choice")
     common.add_world_flags(p, default="2")

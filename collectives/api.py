@@ -49,7 +49,8 @@ def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group: Group = No
         return None
     root = call.check_root("src", src, group_src)
     algo = call.choose(nbytes(tensor))
-    return run_in_place(call, algo, tensor, lambda comm, flat: REGISTRY["broadcast"][algo](comm, flat, root),
+    return run_in_place(call, algo, tensor,
+                        lambda comm, flat: REGISTRY["broadcast"][comm.algorithm](comm, flat, root),
                         async_op, src=call.ranks[root])
 
 
@@ -89,7 +90,7 @@ def reduce(tensor: torch.Tensor, dst: Optional[int] = None, op: ReduceOp = Reduc
     def body(comm):
         buf = call.stage(tensor)
         call.ready()
-        REGISTRY["reduce"][algo](comm, buf.flat, root, red)
+        REGISTRY["reduce"][comm.algorithm](comm, buf.flat, root, red)
         if comm.rank == root:
             if red.average:
                 buf.flat.div_(comm.size)
@@ -129,7 +130,7 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, group: Group =
     algo = call.choose(nbytes(tensor))
 
     def step(comm, flat):
-        REGISTRY["all_reduce"][algo](comm, flat, red)
+        REGISTRY["all_reduce"][comm.algorithm](comm, flat, red)
         if red.average:
             flat.div_(comm.size)
     return run_in_place(call, algo, tensor, step, async_op, op=red.name)
@@ -171,7 +172,7 @@ def scatter(tensor: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = N
         out = call.stage(tensor, copy_in=False)
         pieces = call.inputs(scatter_list, [tensor]) if comm.rank == root else None
         call.ready()
-        REGISTRY["scatter"][algo](comm, out.flat, pieces, root)
+        REGISTRY["scatter"][comm.algorithm](comm, out.flat, pieces, root)
         return [out.done()]
 
     def local():
@@ -217,7 +218,7 @@ def gather(tensor: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = Non
         inp = call.inputs([tensor], gather_list if at_root else ())[0]
         outs = [call.stage(t, copy_in=False) for t in gather_list] if at_root else None
         call.ready()
-        REGISTRY["gather"][algo](comm, inp, [o.flat for o in outs] if outs else None, root)
+        REGISTRY["gather"][comm.algorithm](comm, inp, [o.flat for o in outs] if outs else None, root)
         return [o.done() for o in outs] if outs else []
 
     def local():
@@ -272,7 +273,7 @@ def all_gather(tensor_list: List[torch.Tensor], tensor: torch.Tensor, group: Gro
         inp = call.inputs([tensor], tensor_list)[0]
         outs = [call.stage(t, copy_in=False) for t in tensor_list]
         call.ready()
-        REGISTRY["all_gather"][algo](comm, [o.flat for o in outs], inp)
+        REGISTRY["all_gather"][comm.algorithm](comm, [o.flat for o in outs], inp)
         return [o.done() for o in outs]
 
     def local():
@@ -317,7 +318,7 @@ def reduce_scatter(output: torch.Tensor, input_list: List[torch.Tensor], op: Red
         ins = call.inputs(input_list, [output])
         out = call.stage(output, copy_in=False)
         call.ready()
-        REGISTRY["reduce_scatter"][algo](comm, out.flat, ins, red)
+        REGISTRY["reduce_scatter"][comm.algorithm](comm, out.flat, ins, red)
         if red.average:
             out.flat.div_(comm.size)
         return [out.done()]
@@ -361,7 +362,9 @@ def all_to_all(output_tensor_list: List[torch.Tensor], input_tensor_list: List[t
     call.check_list("output_tensor_list", output_tensor_list, like, same_shape=False)
     if not call.member:
         return None
-    algo = call.choose(sum(nbytes(t) for t in input_tensor_list))
+    # not this rank's byte count: with uneven pieces the ranks' counts differ, and each must run
+    # the same algorithm (docs/errors.md); the group's size is what every member knows
+    algo = call.choose(None)
     if algo == "bruck" and any(t.numel() != like.numel()
                                for t in (*input_tensor_list, *output_tensor_list)):
         # Bruck forwards pieces through ranks that neither send nor receive them, and those
@@ -374,7 +377,7 @@ def all_to_all(output_tensor_list: List[torch.Tensor], input_tensor_list: List[t
         ins = call.inputs(input_tensor_list, output_tensor_list)
         outs = [call.stage(t, copy_in=False) for t in output_tensor_list]
         call.ready()
-        REGISTRY["all_to_all"][algo](comm, [o.flat for o in outs], ins)
+        REGISTRY["all_to_all"][comm.algorithm](comm, [o.flat for o in outs], ins)
         return [o.done() for o in outs]
 
     def local():
@@ -407,7 +410,7 @@ def barrier(group: Group = None, async_op: bool = False, algorithm: Optional[str
     algo = call.choose(0)
 
     def body(comm):
-        REGISTRY["barrier"][algo](comm)
+        REGISTRY["barrier"][comm.algorithm](comm)
         return []
     return run(call, algo, body, async_op, 0, local=lambda: [])
 

@@ -28,8 +28,9 @@ import torch.distributed as dist
 
 from . import desync, observers, reduce_ops, settings, tuning
 from .algorithms import ALGORITHMS, MODULES
+from .tuning import agreed
 from .engine import engine
-from .errors import CollectiveError, DesyncError
+from .errors import CollectiveError, CollectiveTimeout, DesyncError
 from .group import group_info
 from .observers import CallRecord
 from .p2p_communications import Comm, hosts_of
@@ -138,18 +139,39 @@ class CallState:
     # -- 2. choose -----------------------------------------------------------------
 
     def choose(self, nbytes):
-        algo = self.algorithm or tuning.choose(self.collective, nbytes, self.size)
-        # an algorithm that needs a layout (hierarchical: whole hosts) refuses one that does
-        # not fit here, at the call, on every rank alike (all derive the same hosts)
+        """The algorithm given, or None: :func:`run` then chooses by ``nbytes`` from the tables
+        every member agreed on (:mod:`collectives.tuning.agreed`), when the call runs.
+
+        ``nbytes`` must be the same on every member (the call's total, never this rank's share);
+        None where no rank knows it (an all_to_all's pieces may differ per rank): the choice
+        then depends on the group's size alone.
+        """
+        self.choice_bytes = nbytes
+        if self.algorithm is not None:
+            try:
+                self._check_layout(self.algorithm)
+            except ValueError as exc:
+                raise ValueError(f"{self.where}: {exc}") from None
+        return self.algorithm
+
+    def agreed_choice(self):
+        """``algorithm=None``'s pick, from the group's agreed tables (waits, at the group's first
+        call, for group rank 0 to publish them: only where the call itself would wait for it)."""
+        nbytes = self.choice_bytes or 0
+        tables = agreed.tables_of(self.info, self.timeout) if self.size > 1 else None
+        algo = tuning.choose(self.collective, nbytes, self.size, tables)
+        try:
+            self._check_layout(algo)
+        except ValueError:     # a measured table's pick that does not fit here
+            return tuning.rule_of_thumb(self.collective, nbytes, self.size)
+        return algo
+
+    def _check_layout(self, algo):
+        """An algorithm that needs a layout (hierarchical: whole hosts) refuses one that does not
+        fit here, on every rank alike (all derive the same hosts)."""
         check = getattr(MODULES[self.collective][algo], "check", None)
         if check is not None and self.member and self.size > 1:
-            try:
-                check(self.size, self.info.rank, hosts_of(self.ranks))
-            except ValueError as exc:
-                if self.algorithm is None:   # a measured table's pick that does not fit here
-                    return tuning.rule_of_thumb(self.collective, nbytes, self.size)
-                raise ValueError(f"{self.where}: {exc}") from None
-        return algo
+            check(self.size, self.info.rank, hosts_of(self.ranks))
 
     # -- 3. buffers ----------------------------------------------------------------
 
@@ -225,10 +247,20 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
     compares them before any data moves.
     """
     info, collective = call.info, call.collective
-    description = desync.describe(collective, algo, fields)
     check_first = desync.enabled()
+    if info.rank == 0 and call.size > 1:
+        agreed.tables_of(info, call.timeout)  # group rank 0 publishes its tables at its first call (no wait)
 
     def execute(seq):
+        nonlocal algo
+        if algo is None:  # algorithm=None: chosen here, in issue order, from the group's agreed tables
+            try:
+                algo = call.agreed_choice()
+            except TimeoutError as exc:   # group rank 0 never reached its first call on this group
+                comm = Comm(info, collective, "automatic", seq, desync.describe(collective, "automatic", fields),
+                            call.timeout)
+                raise desync.explain_timeout(comm, CollectiveTimeout(str(exc), info.ranks[0], comm)) from None
+        description = desync.describe(collective, algo, fields)
         start = time.time()
         profiling = torch.autograd._profiler_enabled()
         with (torch.profiler.record_function(f"collectives.{collective}({algo})") if profiling
@@ -253,7 +285,7 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
             observers.report_call(CallRecord(collective, algo, seq, tuple(call.ranks), info.rank, nbytes,
                                              start, time.time()))
         return outputs
-    work = engine().submit(execute, f"{collective}({algo})", async_op, info.key)
+    work = engine().submit(execute, f"{collective}({algo or 'automatic'})", async_op, info.key, info.transport)
     return work if async_op else None  # blocking calls return None, as torch's do
 
 

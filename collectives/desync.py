@@ -173,6 +173,46 @@ def _grace(timeout):
     return min(10.0, max(2.0, 0.2 * timeout))
 
 
+ALIVE_WAIT = 2.0   # seconds a rank whose connection closed is given to show it is alive
+
+
+def _lost(info, comm, peer, me):
+    """The rank this group lost, if ``peer``'s closed connection means a death; None if not.
+
+    A peer that timed out closes its connections too (gloo does), and then says where it is
+    stuck in the store (:func:`explain_timeout`) within moments: given ``ALIVE_WAIT`` seconds
+    to do so, it is alive, and the usual explanation follows. A peer that says nothing is
+    gone: the first rank to find that writes a notice naming it (first writer wins), and every
+    rank that loses a connection afterwards (to the dead rank, or to a survivor that ended
+    after it) reads the same name. None as well if the store does not answer (its host,
+    usually rank 0, is most likely the dead one: the usual explanation says so)."""
+    store = info.store
+    notice = f"collectives/lost/{info.key}"
+    alive = f"collectives/stuck/{info.key}/{peer}"
+    mine = json.dumps({"rank": peer, "seen_by": me, "seq": comm.seq})
+    found = []
+
+    def ask():
+        try:
+            deadline = time.monotonic() + ALIVE_WAIT
+            while True:
+                if store.check([notice]):
+                    found.append(json.loads(store.get(notice))["rank"])
+                    return
+                if store.check([alive]):
+                    return
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            found.append(json.loads(store.compare_set(notice, "", mine))["rank"])
+        except Exception:
+            pass
+    helper = threading.Thread(target=ask, daemon=True, name="collectives-lost")
+    helper.start()
+    helper.join(ALIVE_WAIT + 2.0)
+    return found[0] if found else None
+
+
 def explain_timeout(comm, exc):
     """Turn a timeout inside a call (or a peer that hung up after its own timeout)
     into the error that says what really happened.
@@ -187,6 +227,19 @@ def explain_timeout(comm, exc):
     if info.store is None or comm.seq is None:
         return exc
     me = comm.ranks[comm.rank]
+    if "closed the connection" in str(exc) and exc.peer is not None:
+        # A connection closed: a rank died, or a survivor that lost one ended. Its notice
+        # names the dead rank at once, with no grace spent waiting for a rank that is gone.
+        lost = _lost(info, comm, exc.peer, me)
+        if lost is not None:
+            via = (f" This rank lost rank {exc.peer}, which had lost rank {lost} and ended."
+                   if lost != exc.peer else "")
+            error = CollectiveError(
+                f"collectives: rank {lost} of the group {list(info.ranks)} died during call #{comm.seq} "
+                f"{comm.description}: its connections closed (the process exited, crashed or was "
+                f"killed).{via} ({exc})", lost, comm)
+            error.culprit = lost     # the launcher's headline names it (tools.launch)
+            return error
     grace = _grace(comm.timeout)
     mine = {"seq": comm.seq, "call": comm.description, "waiting_on": exc.peer}
     prefix = f"collectives/stuck/{info.key}/"
@@ -239,8 +292,14 @@ def explain_timeout(comm, exc):
         via = (f" This rank was waiting on rank {exc.peer}, which is itself stuck waiting: it only "
                f"passed the silence on." if exc.peer not in silent and exc.peer is not None else "")
         kind = CollectiveTimeout if isinstance(exc, CollectiveTimeout) else CollectiveError
-        return kind(
+        return _blaming(silent[0], kind(
             f"collectives: rank{'s' if len(silent) > 1 else ''} {who} of the group {list(info.ranks)} "
             f"never answered in call #{comm.seq} {comm.description}: stopped (SIGSTOP, a debugger), dead, "
-            f"or busy elsewhere (computing, or blocked in a call on another group).{via} ({exc})", silent[0], comm)
+            f"or busy elsewhere (computing, or blocked in a call on another group).{via} ({exc})", silent[0], comm))
     return exc
+
+
+def _blaming(rank, error):
+    """``error``, marked as blaming global ``rank`` (the launcher's headline names it)."""
+    error.culprit = rank
+    return error

@@ -32,6 +32,7 @@ import datetime
 import queue
 import sys
 import threading
+import weakref
 
 import torch
 
@@ -108,8 +109,11 @@ class Work:
 class _Lane:
     """The queue, the thread and the call counter of one group."""
 
-    def __init__(self, key):
+    def __init__(self, key, owner=None, on_collected=None):
         self.key = key
+        # the group's transport, weakly: a lane outlives neither its group nor a new group
+        # that reuses the key (destroy_process_group, then init_process_group again)
+        self.owner = None if owner is None else weakref.ref(owner, on_collected)
         self.run_lock = threading.Lock()    # held while one of this group's collectives runs
         self.state = threading.Condition()
         self.pending = 0                    # issued and not yet finished
@@ -120,6 +124,8 @@ class _Lane:
     def loop(self):
         while True:
             fn, seq, work = self.queue.get()
+            if fn is None:      # retired (the group was destroyed): the thread ends
+                return
             try:
                 with self.run_lock:
                     result = fn(seq)
@@ -145,34 +151,91 @@ class _Lane:
         with self.state:
             return self.state.wait_for(lambda: self.pending == 0, timeout)
 
+    def belongs_to(self, owner):
+        return self.owner is None if owner is None else (self.owner is not None and self.owner() is owner)
+
+    def retire(self):
+        """End the thread once the work queued before this has run (it is never reused)."""
+        with self.state:
+            if self.thread is not None:
+                self.queue.put((None, None, None))
+
 
 class Engine:
     """The lanes of this process, one per group key (see :func:`engine`)."""
 
     def __init__(self):
         self._lanes = {}
-        self._lock = threading.Lock()
+        # reentrant: a lane's weakref callback (its group collected) may run inside any
+        # allocation, also one made while this thread holds the lock
+        self._lock = threading.RLock()
         self._exit_hook = False
 
-    def _lane(self, key):
+    def _lane(self, key, owner=None):
+        lane = self._lanes.get(key)
+        if lane is not None and lane.belongs_to(owner):
+            return lane
         with self._lock:
             lane = self._lanes.get(key)
-            if lane is None:
-                lane = self._lanes[key] = _Lane(key)
+            if lane is None or not lane.belongs_to(owner):
+                if lane is not None:   # a new group under an old key: numbered from 0 again
+                    lane.retire()
+                lane = self._lanes[key] = _Lane(key, owner, self._collected(key))
             return lane
 
-    def submit(self, fn, description, async_op, key=""):
+    def _collected(self, key):
+        """The weakref callback of a lane's group: its thread ends when the group is gone."""
+        def collected(ref):
+            with self._lock:
+                lane = self._lanes.get(key)
+                if lane is not None and lane.owner is ref:
+                    del self._lanes[key]
+                else:
+                    lane = None
+            if lane is not None:
+                lane.retire()
+        return collected
+
+    def close(self, key, timeout=None):
+        """Finish group ``key``'s work (only its own), end its thread and forget its call numbers:
+        what destroying the group does. False if ``timeout`` ran out first."""
+        with self._lock:
+            lane = self._lanes.pop(key, None)
+        if lane is None:
+            return True
+        finished = lane.drain(timeout) if threading.current_thread() is not lane.thread else True
+        lane.retire()
+        return finished
+
+    def submit(self, fn, description, async_op, key="", owner=None):
         """Run ``fn(seq)`` after all earlier work on group ``key``; ``seq`` numbers the call.
 
-        Async: return a :class:`Work`. Blocking: return ``fn``'s result.
+        Async: return a :class:`Work`. Blocking: return ``fn``'s result. ``owner``: the
+        group's transport; a lane is never shared by two groups that use the same key.
+
+        Called from the lane's own thread (a future's callback issuing a collective on its
+        group), the call runs right there, async or not: queued, it would wait for the very
+        thread that waits for it.
         """
-        lane = self._lane(key)
+        lane = self._lane(key, owner)
         on_lane_thread = threading.current_thread() is lane.thread
         with lane.state:
             seq = lane.seq
             lane.seq += 1
-            inline = not async_op and (lane.pending == 0 or on_lane_thread)
+            inline = on_lane_thread or (not async_op and lane.pending == 0)
             lane.pending += 1
+        if inline and async_op:
+            work = Work(description)
+            try:
+                with lane.run_lock:
+                    result = fn(seq)
+            except BaseException as exc:
+                work._finish(error=exc)
+            else:
+                work._finish(result=result)
+            finally:
+                lane.done_one()
+            return work
         if inline:
             try:
                 with lane.run_lock:

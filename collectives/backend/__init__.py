@@ -12,10 +12,11 @@ runs every collective those programs issue as one of the algorithms in
 
 How torch reaches us: ``init_process_group`` calls :func:`_create` (the creator
 registered with ``Backend.register_backend``) once per group with the group's
-store, rank and size. It returns a :class:`CollectivesBackend`, a Python
-subclass of torch's C++ ``Backend``; torch's ``ProcessGroup`` then calls its
-methods (``allreduce``, ``all_gather_single``, ...) for every collective on
-that group. Each method checks what our algorithms cannot do (naming torch's
+store, rank and size. It returns a :class:`CollectivesBackend`: a Python
+``ProcessGroup`` that torch takes as the whole group, or (for a mixed
+``"cpu:collectives,cuda:nccl"`` group) a Python subclass of torch's C++
+``Backend`` for the CPU; torch then calls its methods (``allreduce``,
+``all_gather_single``, ...) for every collective on that group. Each method checks what our algorithms cannot do (naming torch's
 operation and the reason) and calls our public API (:mod:`collectives.api`,
 :mod:`collectives.tensor_api`) with the group's :class:`~collectives.group.GroupInfo`,
 so validation, aliasing, staging, call tags and the group's engine lane are the

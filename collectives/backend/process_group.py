@@ -1,6 +1,7 @@
 """The ``collectives`` backend's process group: torch's ``Backend`` methods, each one call of
 our public API on the group's inner transport (see the package's docstring)."""
 import datetime
+import sys
 import threading
 
 import torch
@@ -14,6 +15,7 @@ from ..call import check_tensor
 from ..engine import engine
 from ..errors import UnsupportedOperation
 from ..group import GroupInfo
+from ..tuning import agreed
 
 NAME = "collectives"
 
@@ -29,12 +31,21 @@ def _subclassable(cls):
     return True
 
 
-# torch 2.15 lets Python subclass its C++ ``Backend``: torch's ProcessGroup wraps our backend
-# like gloo's, per device. torch 2.11 does not ("No constructor defined!"); there the creator
-# returns a Python ``ProcessGroup`` instead, which torch takes as the whole group. Both call the
-# same methods by the same names, so one class serves both; what differs is said where it does.
-BACKEND_IS_PROCESS_GROUP = not _subclassable(_C10dBackend)
-_Base = dist.ProcessGroup if BACKEND_IS_PROCESS_GROUP else _C10dBackend
+# Two ways to stand behind a torch group, both with the methods of one class
+# (:class:`CollectivesBackend`), which torch calls by the same names:
+#
+# * a Python ``ProcessGroup``, which torch takes as the whole group. Used for every group that
+#   is ours on all its devices ("collectives", "cpu:collectives"). Python callers
+#   (torch's isend, its receive from any source, get_backend) reach our methods and
+#   get our ``Work`` objects themselves, and DDP's logger reads our name;
+# * a Python subclass of torch's C++ ``Backend``, per device, where the group is mixed
+#   ("cpu:collectives,cuda:nccl": NCCL keeps CUDA tensors). torch 2.14 and later allow it.
+#   torch then wraps every ``Work`` we return in a C++ holder that forwards only ``wait()``
+#   and ``get_future()``: ``is_completed()`` on it stays False and a receive from any source
+#   cannot name its sender (docs/torch_suite.md). torch 2.11 gives ``Backend`` no Python
+#   constructor at all; there a mixed group is ours on both devices.
+BACKEND_SUBCLASSABLE = _subclassable(_C10dBackend)
+BACKEND_IS_PROCESS_GROUP = True     # a group that is ours alone is our ProcessGroup (above)
 
 
 class BackendWork(_C10dWork):
@@ -88,13 +99,12 @@ def _unsupported(op, reason):
     return UnsupportedOperation(f"collectives backend: {op}: {reason}")
 
 
-class CollectivesBackend(_Base):
+class CollectivesBackend:
     """torch's ``Backend`` interface, answered by our algorithms.
 
-    Built by :func:`_create`; not meant to be constructed by hand. ``ranks``
-    are the global ranks of the group in group-rank order. Where torch cannot
-    subclass ``Backend`` (2.11) this is a ``ProcessGroup`` and is the group
-    itself: a mixed ``"cpu:collectives,cuda:nccl"`` group is then ours alone.
+    Built by :func:`_create` as one of its two concrete forms (a ``ProcessGroup``
+    or a ``Backend``, see above); not meant to be constructed by hand. ``ranks``
+    are the global ranks of the group in group-rank order.
     """
 
     def __init__(self, store, rank, size, timeout, ranks, group_name=""):
@@ -106,6 +116,14 @@ class CollectivesBackend(_Base):
         self._timeout = timeout
         self._store = store
         self._algorithms = settings.algorithm_overrides()
+        # Every member must run the same algorithm for each call: COLLECTIVES_ALGO must agree
+        # (one clear error on every rank, here, before any transport exists, if it does not),
+        # and the automatic choice reads group rank 0's tuning tables (collectives.tuning.agreed).
+        # Creating a group is collective: every member is here.
+        wait = min(settings.timeout_seconds(), _seconds(timeout) or settings.MAX_TIMEOUT)
+        if size > 1:
+            agreed.same_everywhere(store, rank, self._ranks, "COLLECTIVES_ALGO",
+                                   ",".join(f"{c}:{a}" for c, a in sorted(self._algorithms.items())), wait)
         # A prefixed copy of the store, so the inner transport's keys never meet
         # the ones torch (or another backend on this group) writes.
         self._transport = ProcessGroupGloo(PrefixStore(f"{NAME}/", store), rank, size, timeout)
@@ -114,6 +132,12 @@ class CollectivesBackend(_Base):
         self._p2p_transport = ProcessGroupGloo(PrefixStore(f"{NAME}-p2p/", store), rank, size, timeout)
         self._info = GroupInfo(self._transport, tuple(self._ranks), rank, "gloo", f"pg:{group_name}", store,
                                _seconds(timeout))
+        if size > 1:
+            try:
+                agreed.tables_of(self._info, wait)
+            except BaseException:
+                self.abort()
+                raise
 
     # -- what torch asks about the backend -------------------------------------------------
 
@@ -129,6 +153,11 @@ class CollectivesBackend(_Base):
 
     def name(self):
         return NAME
+
+    @property
+    def _device_types(self):
+        """The devices this group serves (torch 2.14's monitored_barrier asks a group for "cpu")."""
+        return [torch.device("cpu"), torch.device("cuda")]
 
     @property
     def supports_splitting(self):
@@ -158,14 +187,18 @@ class CollectivesBackend(_Base):
         return list(self._ranks)
 
     def shutdown(self):
-        """Called by ``destroy_process_group``: finish what was issued, then close the transports.
+        """Called by ``destroy_process_group``: finish what was issued on this group, end its
+        lane's thread and forget its call numbers, then close the transports.
 
         Closing them here, in the caller's thread, matters: a gloo group that
         outlives this point is destroyed at interpreter exit with its threads
         still running, and the process aborts ("terminate called without an
         active exception").
         """
-        engine().drain()
+        # this group's work only: another group's may wait for a peer that is itself waiting
+        # in this destroy (torch's gloo completes such a program)
+        engine().close(self._info.key)
+        agreed.forget(self._info.key)
         self.abort()
 
     def abort(self):
@@ -180,7 +213,7 @@ class CollectivesBackend(_Base):
             return None
         timeout = getattr(opts, "_timeout", None) or self._timeout
         name = getattr(opts, "group_name", "") or ""
-        return CollectivesBackend(store, ranks.index(self._me), len(ranks), timeout, ranks, name)
+        return type(self)(store, ranks.index(self._me), len(ranks), timeout, ranks, name)
 
     # -- running one collective ------------------------------------------------------------
 
@@ -246,22 +279,35 @@ class CollectivesBackend(_Base):
 
     def broadcast(self, tensors, opts=None):
         _check_tensors("broadcast", tensors)
-        src = self._ranks[opts.rootRank]
-        return self._wrap("broadcast", [api.broadcast(t, src, self._info, True, self._choice("broadcast"))
+        # the root goes to the API as a group rank, which validates it as it validates
+        # everyone's (-1 or 5 in a group of 2: the same error on every rank, no message sent)
+        return self._wrap("broadcast", [api.broadcast(t, None, self._info, True, self._choice("broadcast"),
+                                                      group_src=opts.rootRank)
                                         for t in tensors], list(tensors))
 
     def reduce(self, tensors, opts=None):
         _check_tensors("reduce", tensors)
         red_op = _op("reduce", opts, tensors)
-        dst = self._ranks[opts.rootRank]
-        return self._wrap("reduce", [api.reduce(t, dst, red_op, self._info, True, self._choice("reduce"))
+        return self._wrap("reduce", [api.reduce(t, None, red_op, self._info, True, self._choice("reduce"),
+                                                group_dst=opts.rootRank)
                                      for t in tensors], list(tensors))
 
     def allgather(self, output_lists, inputs, opts=None):
         return self._allgather("allgather", output_lists, inputs)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        return self._allgather("allgather_coalesced", output_lists, inputs)
+        """torch's ``all_gather_coalesced``: ``output_lists[r][j]`` receives input j of rank r
+        (allgather's lists are the other way round: ``output_lists[j][r]``)."""
+        op = "allgather_coalesced"
+        if len(output_lists) != self._size:
+            raise _unsupported(op, f"output_tensor_lists must hold one list per rank of the group "
+                                   f"({self._size}), got {len(output_lists)}")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise _unsupported(op, f"output_tensor_lists[{r}] holds {len(outs)} tensors for "
+                                       f"{len(inputs)} inputs")
+        by_input = [[output_lists[r][j] for r in range(self._size)] for j in range(len(inputs))]
+        return self._allgather(op, by_input, inputs)
 
     def _allgather(self, op, output_lists, inputs):
         _check_tensors(op, inputs)
@@ -298,7 +344,7 @@ class CollectivesBackend(_Base):
             raise _unsupported("gather", f"takes one input tensor per call, got {len(inputs)}")
         root = opts.rootRank
         outs = list(output_lists[0]) if self._rank == root else None
-        work = api.gather(inputs[0], outs, self._ranks[root], self._info, True, self._choice("gather"))
+        work = api.gather(inputs[0], outs, None, self._info, True, self._choice("gather"), group_dst=root)
         return self._wrap("gather", [work], outs or [])
 
     def scatter(self, outputs, input_lists, opts=None):
@@ -307,7 +353,7 @@ class CollectivesBackend(_Base):
             raise _unsupported("scatter", f"takes one output tensor per call, got {len(outputs)}")
         root = opts.rootRank
         pieces = list(input_lists[0]) if self._rank == root else None
-        work = api.scatter(outputs[0], pieces, self._ranks[root], self._info, True, self._choice("scatter"))
+        work = api.scatter(outputs[0], pieces, None, self._info, True, self._choice("scatter"), group_src=root)
         return self._wrap("scatter", [work], list(outputs))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
@@ -428,8 +474,33 @@ def _create(dist_backend_opts, backend_options=None):
     """The creator torch calls for each new group (``extended_api=True``)."""
     opts = dist_backend_opts
     ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
-    return CollectivesBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks,
+    form = _AsBackend if _AsBackend is not None and _ours_on_every_device() is False else _AsProcessGroup
+    return form(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks,
                               getattr(opts, "group_id", ""))
+
+
+class _AsProcessGroup(CollectivesBackend, dist.ProcessGroup):
+    """Our backend as the whole torch group (a group that is ours on every device)."""
+
+
+_AsBackend = type("_AsBackend", (CollectivesBackend, _C10dBackend),
+                  {"__doc__": "Our backend as torch's per-device Backend (a mixed group)."}) \
+    if BACKEND_SUBCLASSABLE else None
+
+
+def _ours_on_every_device():
+    """Whether the group torch is creating is ours on every device, from the ``BackendConfig``
+    in the frame of torch's group-creating function (torch hands the creator no other trace
+    of the backend string); None when no such frame is found."""
+    frame = sys._getframe(1)
+    for _ in range(6):
+        if frame is None:
+            break
+        config = frame.f_locals.get("backend_config")
+        if config is not None and hasattr(config, "get_device_backend_map"):
+            return all(str(b) == NAME for b in config.get_device_backend_map().values())
+        frame = frame.f_back
+    return None
 
 
 def register():
@@ -442,7 +513,7 @@ def register():
 def backend_of(group=None):
     """The :class:`CollectivesBackend` behind ``group`` (None: the default group), or None."""
     group = group if group is not None else dist.group.WORLD
-    if isinstance(group, CollectivesBackend):     # torch 2.11: the group is the backend
+    if isinstance(group, CollectivesBackend):     # a group that is ours alone is the backend
         return group
     try:
         backend = group._get_backend(torch.device("cpu"))

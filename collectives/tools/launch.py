@@ -257,10 +257,26 @@ def _child(rank, env, fn, args, results, netns=None):
         ok = exc.code in (None, 0)
         results.put((rank, ok, None if ok else f"SystemExit: {exc.code}\n"))
         raise
-    except BaseException:
-        results.put((rank, False, traceback.format_exc()))
+    except BaseException as exc:
+        # an error that found the rank at fault (a collective's timeout names the rank that never
+        # answered) says so, so the launcher's headline can name that rank, not this one
+        culprit = getattr(exc, "culprit", None)
+        tb = traceback.format_exc()
+        results.put((rank, False, Failure(tb, culprit) if isinstance(culprit, int) else tb))
         sys.exit(1)
     results.put((rank, True, value))
+
+
+class Failure(str):
+    """A rank's traceback text that also names the rank its error blamed (``culprit``)."""
+
+    def __new__(cls, text, culprit):
+        self = super().__new__(cls, text)
+        self.culprit = culprit
+        return self
+
+    def __reduce__(self):
+        return Failure, (str(self), self.culprit)
 
 
 def _how_it_ended(code):
@@ -275,7 +291,23 @@ def _report(errors, first, world_size):
     cause is the rank that failed for another reason.
     """
     secondary = {r for r, tb in errors.items() if isinstance(tb, str) and "CollectiveError" in tb}
-    cause = next((r for r in sorted(errors, key=lambda r: r != first) if r not in secondary), first)
+    in_order = sorted(errors, key=lambda r: r != first)
+    # a rank that a survivor's error found silent or dead, and that said nothing itself (stopped,
+    # hung): it is the cause, though the first to give up was the one that timed out waiting
+    blamed = next((errors[r].culprit for r in in_order if getattr(errors[r], "culprit", None) is not None
+                   and 0 <= errors[r].culprit < world_size), None)
+    if blamed is not None and blamed not in errors:
+        witness = next(r for r in in_order if getattr(errors[r], "culprit", None) == blamed)
+        text = (f"rank {blamed} of {world_size} never answered (stopped, hung, or blocked elsewhere): "
+                f"rank {witness}'s collective timed out waiting for it; the other ranks were stopped. "
+                f"Rank {witness}'s traceback:\n{errors[witness]}")
+        others = sorted(r for r in errors if r != witness)
+        if others:
+            text += f"\n(rank(s) {others} failed too, waiting on it)"
+        return blamed, text
+    cause = next((r for r in in_order if r not in secondary), first)
+    if blamed is not None and blamed in errors and blamed in secondary:
+        cause = blamed
     tb = errors[cause]
     if isinstance(tb, str):
         text = f"rank {cause} of {world_size} failed; the other ranks were stopped. Its traceback:\n{tb}"

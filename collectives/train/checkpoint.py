@@ -1,4 +1,6 @@
 """Checkpoints written atomically, and the resume policy (what a resumed run must share)."""
+import contextlib
+import errno
 import os
 import random
 import re
@@ -11,18 +13,45 @@ from ..tools.launch import SetupError
 TMP = re.compile(r"\..+\.tmp\.\d+")   # what save_atomic writes before the rename
 
 
+def cannot_write(path, exc):
+    """A :class:`SetupError` saying why ``path`` cannot be written (``exc``: the OSError)."""
+    why = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+           errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+           errno.EPERM: "permission denied"}.get(exc.errno, exc.strerror or str(exc))
+    return SetupError(f"cannot write {path}: {why} ({exc.strerror or exc}). Free space or give "
+                      f"another --out.")
+
+
 def save_atomic(write, path):
     """Write ``path`` through ``write(tmp_path)`` then rename: readers see the old file or the new one.
 
     A process killed mid-write leaves its hidden ``.NAME.tmp.PID`` behind;
-    :func:`remove_partial_writes` clears those at the next start.
+    :func:`remove_partial_writes` clears those at the next start. A write that fails (a full
+    disk, a read-only folder) removes its temporary file and raises :class:`SetupError` saying why.
     """
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.tmp.{os.getpid()}")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise cannot_write(path, exc) from None
+    except RuntimeError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if "write" not in str(exc).lower():
+            raise
+        # torch.save's own writer reports a full disk as a RuntimeError ("file write failed")
+        raise cannot_write(path, OSError(errno.EIO, f"the write failed, most likely a full disk: "
+                                                    f"{str(exc).splitlines()[0]}")) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def remove_partial_writes(out):

@@ -22,6 +22,7 @@ How it is split, two ways:
 In both cases each rank runs ``global_batch_size // world_size`` examples per
 step, so one step of N ranks consumes one global batch.
 """
+import hashlib
 import os
 import random
 import shutil
@@ -80,6 +81,29 @@ def _missing_message(root, reason):
             f"whose MNIST/raw/ holds them.")
 
 
+class DamagedFile(ValueError):
+    """An MNIST file is there but is not the original (truncated, corrupted)."""
+
+
+def check_archives(raw):
+    """Raise :class:`DamagedFile` naming the first ``.gz`` in ``raw`` that is not the original
+    MNIST file (its MD5 differs from the one torchvision knows): torchvision would otherwise try
+    to download it again and, offline, report it missing."""
+    from torchvision.datasets import MNIST
+    for name, md5 in MNIST.resources:
+        path = os.path.join(raw, name)
+        if not os.path.isfile(path):
+            continue
+        digest = hashlib.md5()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != md5:
+            raise DamagedFile(f"{path} is damaged: it is not the original MNIST file ({os.path.getsize(path)} "
+                              f"bytes, MD5 {digest.hexdigest()}, expected {md5}; a truncated or corrupted "
+                              f"download?). Delete it to download it again, or copy a good one there.")
+
+
 def prepare_mnist(path=None, download=True):
     """Make MNIST readable by torchvision and return the root to read it from.
 
@@ -94,12 +118,14 @@ def prepare_mnist(path=None, download=True):
     Raises:
         FileNotFoundError: MNIST is absent and cannot be fetched; the message
         says where to put the files.
+        DamagedFile: a ``.gz`` there is not the original file; the message names it.
     """
     from torchvision.datasets import MNIST
 
     root = data_dir(path)
     if _unpacked(root):
         return root
+    check_archives(_raw(root))
     if _packed(root) and not _writable(_raw(root)):
         cached = os.path.join(cache_dir(), "mnist")
         if not _unpacked(cached):

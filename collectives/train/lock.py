@@ -6,7 +6,7 @@ import socket
 import sys
 
 from ..tools.launch import SetupError
-from .checkpoint import remove_partial_writes
+from .checkpoint import cannot_write, remove_partial_writes
 
 
 def _alive(pid):
@@ -28,8 +28,15 @@ def acquire_lock(out):
     Raises:
         SetupError: another live training holds ``out``; the message names it.
     """
-    os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "train.lock")
+    try:
+        os.makedirs(out, exist_ok=True)
+        return _take(out, path)
+    except OSError as exc:   # a read-only or full --out: said in one line, before any rank starts
+        raise cannot_write(path, exc) from None
+
+
+def _take(out, path):
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)}
     for _ in range(3):
         try:

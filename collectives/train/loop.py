@@ -17,7 +17,7 @@ from ..tools import launch
 from ..tools.launch import SetupError
 from .checkpoint import resume, save_checkpoint
 from .curves import write_outputs
-from .data import load_mnist, per_rank_batch, prepare_mnist, train_loader
+from .data import DamagedFile, load_mnist, per_rank_batch, prepare_mnist, train_loader
 from .lock import acquire_lock, release_lock
 from .models import Net
 from .schedule import learning_rate
@@ -180,5 +180,5 @@ def data_root(data_dir, download):
     """prepare_mnist, its failure said in a few lines (SetupError) rather than a traceback."""
     try:
         return prepare_mnist(data_dir, download=download)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, DamagedFile) as exc:
         raise SetupError(str(exc)) from None

@@ -105,24 +105,33 @@ def _model(table, group_size):
 
 
 @functools.lru_cache(maxsize=4096)
-def choose(collective, nbytes, group_size):
-    """Name of the default algorithm for ``collective`` with ``nbytes`` on ``group_size`` ranks."""
-    pick, source = explain(collective, nbytes, group_size)
+def choose(collective, nbytes, group_size, agreed=None):
+    """Name of the default algorithm for ``collective`` with ``nbytes`` on ``group_size`` ranks.
+
+    ``agreed``: the group's :class:`~collectives.tuning.agreed.Tables` (what every member
+    reads, agreed when the group was first used); None reads this process's own.
+    """
+    pick, source = explain(collective, nbytes, group_size, agreed)
     _say(source, group_size)
     return pick
 
 
-def explain(collective, nbytes, group_size):
+def explain(collective, nbytes, group_size, agreed=None):
     """(algorithm, where the choice came from): what :func:`choose` picks, and why."""
     if len(ALGORITHMS[collective]) == 1:
         return ALGORITHMS[collective][0], "the only algorithm"
     names = allowed(collective, nbytes, group_size)
     if group_size > 1:
-        mine, shipped = tables.measured_here(), tables.shipped()
-        where = f"COLLECTIVES_TUNING_TABLE={table_path()}" if table_path() != TABLE_PATH else \
-            f"the shipped table {TABLE_PATH}"
-        steps = [(mine, _measured, f"the table measured on this machine ({cache_path()})"),
-                 (mine, None, f"the cost model with this machine's parameters ({cache_path()})"),
+        if agreed is None:
+            mine, shipped, whose = tables.measured_here(), tables.shipped(), "this machine"
+            place = cache_path()
+            where = f"COLLECTIVES_TUNING_TABLE={table_path()}" if table_path() != TABLE_PATH else \
+                f"the shipped table {TABLE_PATH}"
+        else:
+            mine, shipped, whose, place, where = agreed.mine, agreed.shipped, agreed.whose, agreed.place, \
+                agreed.where
+        steps = [(mine, _measured, f"the table measured on {whose} ({place})"),
+                 (mine, None, f"the cost model with {whose}'s parameters ({place})"),
                  (shipped, _measured, where),
                  (shipped, None, f"the cost model with the parameters of {where}")]
         for table, measured, source in steps:

@@ -68,16 +68,80 @@ def _read(path):
         return json.load(f)
 
 
+def _kind(x):
+    """A JSON value's kind, in JSON's words."""
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(x), "number")
+
+
+def _number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def problem(table):
+    """What is wrong with ``table`` (a parsed JSON value) as a tuning table, or None.
+
+    The shape :func:`write_table` writes: an object whose ``choices`` maps each collective
+    to {group size: [[size in bytes, algorithm], ...]}, and whose ``models``/``model`` hold
+    finite ``alpha``, ``beta`` and ``gamma``.
+    """
+    if not isinstance(table, dict):
+        return f"the file holds a JSON {_kind(table)}, not an object"
+    choices = table.get("choices", {})
+    if not isinstance(choices, dict):
+        return f'"choices" is a JSON {_kind(choices)}, not an object'
+    for collective, by_n in choices.items():
+        if collective not in ALGORITHMS:
+            return f'"choices" names an unknown collective {collective!r}'
+        if not isinstance(by_n, dict):
+            return f'"choices"."{collective}" is a JSON {_kind(by_n)}, not an object of group sizes'
+        for n, points in by_n.items():
+            where = f'"choices"."{collective}"."{n}"'
+            if not n.isdigit() or int(n) < 1:
+                return f'"choices"."{collective}" has a group size {n!r} that is not a positive integer'
+            if not isinstance(points, list) or not points:
+                return f"{where} must be a non-empty list of [size, algorithm] pairs"
+            for point in points:
+                if not (isinstance(point, list) and len(point) == 2 and _number(point[0]) and point[0] > 0
+                        and isinstance(point[1], str)):
+                    return f"{where} holds {json.dumps(point)[:60]}, not a [size in bytes, algorithm] pair"
+                if point[1] not in ALGORITHMS[collective]:
+                    return f"{where} names an unknown algorithm {point[1]!r} for {collective}"
+    models = table.get("models", {})
+    if not isinstance(models, dict):
+        return f'"models" is a JSON {_kind(models)}, not an object'
+    for name, params in [(f'"models"."{n}"', p) for n, p in models.items()] + \
+            ([('"model"', table["model"])] if table.get("model") is not None else []):
+        if name.startswith('"models"') and not name[10:-1].isdigit():
+            return f"{name} is not a group size"
+        if not isinstance(params, dict):
+            return f"{name} is a JSON {_kind(params)}, not an object"
+        for key in ("alpha", "beta", "gamma"):
+            if not _number(params.get(key)):
+                return f"{name} lacks a finite number {key!r}"
+    return None
+
+
+def _checked(path, table, what):
+    """``table`` if it is a tuning table; else a ValueError naming the file and what is wrong."""
+    wrong = problem(table)
+    if wrong:
+        raise ValueError(f"{what} {path} is damaged: {wrong}. Delete it, or measure a new one with "
+                         f"python -m benchmarks.tune")
+    return table
+
+
 @functools.lru_cache(maxsize=None)
 def shipped():
     """The shipped table (or ``COLLECTIVES_TUNING_TABLE``'s)."""
     path = table_path()
     try:
-        return _read(path)
+        table = _read(path)
     except (OSError, ValueError) as exc:
         if path != TABLE_PATH:  # a table the user named must exist: a typo would pass unnoticed
             raise ValueError(f"COLLECTIVES_TUNING_TABLE={path}: cannot read a tuning table ({exc})") from None
         return {}
+    return _checked(path, table, "COLLECTIVES_TUNING_TABLE" if path != TABLE_PATH else "the shipped tuning table")
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,10 +149,15 @@ def measured_here():
     """This machine's measured table, or {} if ``collectives-tune`` has not run here."""
     if settings.tuning_table():
         return {}
+    path = cache_path()
     try:
-        return _read(cache_path())
-    except (OSError, ValueError):
+        table = _read(path)
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"this machine's tuning table {path} is damaged: it is not JSON ({exc}). Delete it, "
+                         f"or measure a new one with python -m benchmarks.tune") from None
+    return _checked(path, table, "this machine's tuning table")
 
 
 def forget():
