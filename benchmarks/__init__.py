@@ -8,6 +8,7 @@ One module per job, each runnable as ``python -m benchmarks.NAME``:
   alpha-beta-gamma fit of :mod:`collectives.tuning.cost_model`.
 * :mod:`benchmarks.call_overhead`: where a small call's time goes, layer by layer.
 * :mod:`benchmarks.cpu`: a large call's CPU, thread by thread.
+* :mod:`benchmarks.cliff`: gloo's socket threads preempting or not, side by side.
 * :mod:`benchmarks.data_parallel`: a training step of our data parallelism
   against torch's DDP, and the Perfetto trace of one step.
 * :mod:`benchmarks.memory`: each algorithm's extra peak memory per rank.

@@ -24,11 +24,20 @@ call), ``algbw`` = size / time, ``busbw`` = algbw times nccl-tests' factor
 (all_reduce 2(N-1)/N; all_gather, reduce_scatter, all_to_all, gather, scatter
 (N-1)/N; broadcast, reduce 1), ``#wrong`` (elements that differ from the
 closed form, summed over ranks; ``N/A`` with ``-c 0``). Then the built-in
-timed in the same run and ``vs_bi``, our time over the built-in's. The
-candidates of one size are interleaved (see
-:func:`benchmarks.common.time_candidates`) so all of them see the same noise.
+timed in the same run and ``vs_bi``, our time over the built-in's: the median
+over rounds of the two times of a round (:func:`benchmarks.common.paired_ratio`);
+``cpu_bi`` is the same ratio of CPU per call, every thread of the process counted
+(the built-in's work runs on gloo's threads): where ``vs_bi`` misses and the ranks
+outnumber the cores, a ``cpu_bi`` as large says the call is as slow as the CPU it burns.
+The candidates of one size are interleaved (see
+:func:`benchmarks.common.time_samples`): a round runs every candidate once, so
+load from elsewhere on the machine slows both sides of a ratio alike.
 The ``default`` row names what ``algorithm=None`` chose and its time over the
-fastest algorithm's at that point.
+fastest algorithm's at that point. ``default_again`` is ``algorithm=None``
+timed a second time, as its own candidate: its ``vs_bi`` against the
+``default`` row's shows how far the same code timed against itself strays in
+this run (its ratio to ``default`` is ``self_ratio``), the noise within which
+"the default is never slower than the built-in" is judged (:func:`summarize`).
 
 ``--out DIR`` (default ``bench_out/sweep``) gets results.csv, results.json,
 report.md and a plot per (collective, N).
@@ -40,7 +49,9 @@ runs a whole sweep from flags and returns its rows.
 import argparse
 import functools
 import os
+import statistics
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -188,11 +199,16 @@ class Case:
 
 # ---------------------------------------------------------------- candidates
 
-def candidates_for(collective, algorithms, builtin=True):
+SELF = "default_again"
+
+
+def candidates_for(collective, algorithms, builtin=True, self_check=False):
     """[(label, algorithm or None, library)] for one collective.
 
     ``algorithms`` is a list of names, ``builtin`` (torch.distributed), ``default``
     (``algorithm=None``) or ``all``; names another collective lacks are skipped.
+    ``self_check``: with ``default``, time ``algorithm=None`` a second time as
+    ``default_again`` (the noise of the same code against itself).
     """
     import collectives
     every = algorithms in (None, ["all"]) or "all" in algorithms
@@ -201,6 +217,8 @@ def candidates_for(collective, algorithms, builtin=True):
     out += [(a, a, collectives) for a in ours]
     if every or "default" in algorithms:
         out.append(("default", None, collectives))
+        if self_check:
+            out.append((SELF, None, collectives))
     return out
 
 
@@ -233,8 +251,12 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
     Returns:
         list[dict]: one row per candidate: collective, world_size, algorithm, size,
         count, type, redop, root, time_us, algbw_GBps, busbw_GBps, wrong, builtin_us,
-        vs_builtin, chosen and default_over_best (``default`` row only), samples_us
-        (the time of each round, in round order: rounds ran the candidates side by side).
+        vs_builtin (the median over rounds of time / the built-in's time in the same
+        round), cpu_us (CPU seconds of every thread of the process per call, the slowest
+        rank's, median over rounds) and cpu_vs_builtin (round by round, as vs_builtin), chosen and default_over_best (``default`` row only), self_ratio
+        (``default_again`` row only: its time over ``default``'s, round by round),
+        samples_us (the time of each round, in round order: rounds ran the candidates
+        side by side).
 
     Example::
 
@@ -264,25 +286,35 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
         b = case.buffers(encoded=False)
         kw = {} if lib is dist else {"algorithm": algo}
         fns[label] = functools.partial(case.call, lib, b, **kw)
-    samples, _ = common.time_samples(fns, iters, warmup, common.batch_for(case.size, batch), device)
+    # CPU of the whole process (the built-in works on gloo's threads, ours on the caller's)
+    samples, cpu = common.time_samples(fns, iters, warmup, common.batch_for(case.size, batch), device,
+                                       cpu_clock=time.process_time)
     times = common.medians(samples)
     chosen = tuning.choose(collective, case.size, n) if "default" in times else None
-    ours = [t for label, t in times.items() if label != "builtin"]
-    best = min(ours) if ours else None
+    ours = [label for label in times if label not in ("builtin", SELF)]
+    best = min(ours, key=times.get) if ours else None
     base = times.get("builtin")
     rows = []
     for label, t in times.items():
         algbw = case.size / t / 1e9
+        default = label in ("default", SELF)
         rows.append({
             "collective": collective, "world_size": n, "algorithm": label, "size": case.size,
             "count": case.count, "type": dtype, "redop": op if collective in REDUCING else "none",
             "root": 0 if collective in ROOTED else -1, "time_us": t * 1e6, "algbw_GBps": algbw,
             "busbw_GBps": algbw * busbw_factor(collective, n),
             "wrong": wrong.get(label) if check else None,
-            "builtin_us": base * 1e6 if base else None, "vs_builtin": t / base if base else None,
-            "chosen": chosen if label == "default" else None,
-            "default_over_best": t / best if label == "default" and best else None,
-            "algorithm_run": chosen if label == "default" else label,
+            "builtin_us": base * 1e6 if base else None,
+            "vs_builtin": common.paired_ratio(samples[label], samples["builtin"]) if base else None,
+            "chosen": chosen if default else None,
+            "default_over_best": (common.paired_ratio(samples[label], samples[best])
+                                  if label == "default" and best else None),
+            "self_ratio": (common.paired_ratio(samples[label], samples["default"])
+                           if label == SELF else None),
+            "cpu_us": statistics.median(cpu[label]) * 1e6,
+            "cpu_vs_builtin": (common.paired_ratio(cpu[label], cpu["builtin"])
+                               if base and min(cpu["builtin"]) > 0 else None),
+            "algorithm_run": chosen if default else label,
             "samples_us": [x * 1e6 for x in samples[label]],
         })
     return rows
@@ -292,7 +324,7 @@ def measure_point(collective, size, candidates, rank, n, device, *, dtype="float
 
 HEADER = (f"#{'collective':>14} {'N':>3} {'size(B)':>11} {'count':>10} {'type':>8} {'redop':>5} "
           f"{'root':>4} {'algorithm':>20} {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
-          f"{'builtin(us)':>11} {'vs_bi':>6}")
+          f"{'builtin(us)':>11} {'vs_bi':>6} {'cpu_bi':>6}")
 
 
 def format_row(row):
@@ -301,13 +333,16 @@ def format_row(row):
     if row["chosen"]:
         extra = f"  chose {row['chosen']}" + (f", {row['default_over_best']:.2f}x best"
                                               if row["default_over_best"] else "")
+    if row.get("self_ratio"):
+        extra += f", {row['self_ratio']:.2f}x default"
     if row.get("predicted_us"):
         extra += f"  predicted {row['predicted_us']:.1f} us"
     wrong = "N/A" if row["wrong"] is None else row["wrong"]
     return (f" {row['collective']:>14} {row['world_size']:>3} {row['size']:>11} {row['count']:>10} "
             f"{row['type']:>8} {row['redop']:>5} {row['root']:>4} {row['algorithm']:>20} "
             f"{row['time_us']:>10.1f} {row['algbw_GBps']:>7.3f} {row['busbw_GBps']:>7.3f} {wrong:>6} "
-            f"{common.fmt(row['builtin_us'], '11.1f'):>11} {common.fmt(row['vs_builtin'], '6.2f'):>6}{extra}")
+            f"{common.fmt(row['builtin_us'], '11.1f'):>11} {common.fmt(row['vs_builtin'], '6.2f'):>6} "
+            f"{common.fmt(row.get('cpu_vs_builtin'), '6.2f'):>6}{extra}")
 
 
 def _worker(args, rank, n, device):
@@ -324,7 +359,8 @@ def _worker(args, rank, n, device):
         print(HEADER, flush=True)
     for collective, size in points:
         progress.step(f"{collective} {common.human(size)}")
-        cands = candidates_for(collective, args.algorithm, builtin=not args.no_builtin)
+        cands = candidates_for(collective, args.algorithm, builtin=not args.no_builtin,
+                               self_check=not args.no_self)
         rows = measure_point(collective, size, cands, rank, n, device, dtype=args.datatype, op=args.op,
                              iters=args.iters, warmup=args.warmup_iters, batch=args.batch,
                              check=bool(args.check))
@@ -371,8 +407,8 @@ def report_markdown(meta, rows, model):
         names = list(dict.fromkeys(r["algorithm"] for r in sel))
         sizes = list(dict.fromkeys(r["size"] for r in sel))
         time = {(r["algorithm"], r["size"]): r for r in sel}
-        lines += [f"{collective}, N={n}: busbw (GB/s), our time over the built-in's in brackets, "
-                  f"and what algorithm=None chose", "", "| size | " + " | ".join(names) + " |",
+        lines += [f"{collective}, N={n}: busbw (GB/s), our time over the built-in's in brackets "
+                  f"(the median over rounds of the two times of a round), and what algorithm=None chose", "", "| size | " + " | ".join(names) + " |",
                   "|---:|" + "---:|" * len(names)]
         for s in sizes:
             cells = []
@@ -380,10 +416,14 @@ def report_markdown(meta, rows, model):
                 r = time.get((a, s))
                 cells.append("-" if r is None else f"{r['busbw_GBps']:.3f}" + (
                     f" ({r['vs_builtin']:.2f})" if r["vs_builtin"] and a != "builtin" else "")
-                    + (f" {r['chosen']}" if r["chosen"] else ""))
+                    + (f" {r['chosen']}" if r["chosen"] and a == "default" else ""))
             lines.append(f"| {common.human(s)} | " + " | ".join(cells) + " |")
         lines.append("")
-    return "\n".join(lines)
+    goal_lines, misses = goals(rows)
+    lines += [line.lstrip("# ") for line in goal_lines]
+    if misses:
+        lines += ["", "Misses: " + "; ".join(misses)]
+    return "\n".join(lines) + "\n"
 
 
 def plot(rows, out_dir):
@@ -427,15 +467,62 @@ def plot(rows, out_dir):
     return paths
 
 
+TEACHING = ("naive_ring", "linear")   # the teaching copies, kept out of the 1.5x goal
+GOAL = 1.5
+
+
+def noise_band(rows, n):
+    """How far the same code timed against itself strays at world size ``n`` in this run:
+    the largest ``default_again``/``default`` ratio (or its inverse), at least 1."""
+    ratios = [r["self_ratio"] for r in rows if r["world_size"] == n and r.get("self_ratio")]
+    return max([1.0] + [max(x, 1 / x) for x in ratios])
+
+
+def _cpu_note(row):
+    return f" (CPU {row['cpu_vs_builtin']:.2f}x)" if row.get("cpu_vs_builtin") else ""
+
+
+def goals(rows):
+    """Issue 28's two goals over ``rows``: (lines of text, misses).
+
+    1. every algorithm but the teaching copies within ``GOAL`` (1.5x) of the built-in;
+    2. ``algorithm=None`` never slower than the built-in beyond :func:`noise_band`.
+    """
+    algos = [r for r in rows if r["vs_builtin"] and r["algorithm"] not in ("builtin", "default", SELF)
+             and r["algorithm"] not in TEACHING]
+    slow = [r for r in algos if r["vs_builtin"] > GOAL]
+    lines, misses = [], []
+    if algos:
+        lines.append(f"# algorithms (not {', '.join(TEACHING)}) within {GOAL}x of the built-in: "
+                     f"{len(algos) - len(slow)}/{len(algos)} points")
+        misses += [f"{r['collective']} N={r['world_size']} {common.human(r['size'])} {r['algorithm']} "
+                   f"{r['vs_builtin']:.2f}" + _cpu_note(r) for r in slow]
+    dflt = [r for r in rows if r["algorithm"] == "default" and r["vs_builtin"]]
+    if dflt:
+        bands = {n: noise_band(rows, n) for n in sorted({r["world_size"] for r in dflt})}
+        over = [r for r in dflt if r["vs_builtin"] > bands[r["world_size"]]]
+        lines.append(f"# algorithm=None no slower than the built-in within the self-vs-self noise "
+                     f"({', '.join(f'N={n}: {b:.2f}' for n, b in bands.items())}): "
+                     f"{len(dflt) - len(over)}/{len(dflt)} points")
+        misses += [f"{r['collective']} N={r['world_size']} {common.human(r['size'])} default "
+                   f"({r['chosen']}) {r['vs_builtin']:.2f}" + _cpu_note(r) for r in over]
+    return lines, misses
+
+
 def summarize(rows, file=sys.stdout):
-    """Print where ``algorithm=None`` stands against the best algorithm and the built-in."""
+    """Print where ``algorithm=None`` stands against the best algorithm and the built-in,
+    and the goals of :func:`goals` with every point that misses them."""
     dflt = [r for r in rows if r["algorithm"] == "default" and r["default_over_best"]]
-    if not dflt:
-        return
-    worst = max(dflt, key=lambda r: r["default_over_best"])
-    print(f"# default/best: worst {worst['default_over_best']:.2f} ({worst['collective']}, "
-          f"N={worst['world_size']}, {common.human(worst['size'])}, chose {worst['chosen']}); "
-          f"{sum(r['default_over_best'] <= 1.10 for r in dflt)}/{len(dflt)} points within 1.10", file=file)
+    if dflt:
+        worst = max(dflt, key=lambda r: r["default_over_best"])
+        print(f"# default/best: worst {worst['default_over_best']:.2f} ({worst['collective']}, "
+              f"N={worst['world_size']}, {common.human(worst['size'])}, chose {worst['chosen']}); "
+              f"{sum(r['default_over_best'] <= 1.10 for r in dflt)}/{len(dflt)} points within 1.10", file=file)
+    lines, misses = goals(rows)
+    for line in lines:
+        print(line, file=file)
+    if misses:
+        print("# misses: " + "; ".join(misses), file=file)
 
 
 def crossover(rows, a, b, key="time_us"):
@@ -489,6 +576,9 @@ def build_parser():
     common.add_world_flags(p, default="2")
     p.add_argument("--batch", type=common.whole(0), default=0, help="calls per iteration (0: up to 32 for small sizes)")
     p.add_argument("--no-builtin", action="store_true", help="do not run the built-in")
+    p.add_argument("--no-self", action="store_true",
+                   help=f"do not time algorithm=None a second time ({SELF}: the noise of the same code "
+                        f"against itself)")
     p.add_argument("--model", action="store_true",
                    help="also measure point to point (benchmarks.pingpong), fit alpha-beta-gamma "
                         "and predict every row")

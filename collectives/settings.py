@@ -24,6 +24,7 @@ VARIABLES = {
     "COLLECTIVES_VERBOSE": ("0", "print every message as it moves"),
     "COLLECTIVES_ALGO": ("", "algorithms per collective, e.g. all_reduce:ring,broadcast:binomial_tree"),
     "COLLECTIVES_TUNING_TABLE": ("", "a tuning table algorithm=None reads instead of this machine's"),
+    "COLLECTIVES_GLOO_BATCH": ("1", "gloo's socket threads never preempt the thread they wake (SCHED_BATCH)"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
     "LOCAL_WORLD_SIZE": ("", "ranks per host (torchrun sets it): the layout the hierarchical all_reduce uses"),
@@ -77,6 +78,12 @@ def desync_check():
 def verbose():
     """``COLLECTIVES_VERBOSE=1``: print every message as it moves."""
     return _flag("COLLECTIVES_VERBOSE")
+
+
+def gloo_batch():
+    """``COLLECTIVES_GLOO_BATCH`` (default 1): run gloo's socket threads as ``SCHED_BATCH``
+    (``p2p_communications.calm_transport_threads``); 0 leaves them as torch made them."""
+    return _raw("COLLECTIVES_GLOO_BATCH") is None or _flag("COLLECTIVES_GLOO_BATCH")
 
 
 def parse_algorithms(text, where="COLLECTIVES_ALGO"):

@@ -35,14 +35,18 @@ def test_sweep_smoke_two_ranks(tmp_path, capfd):
     rows = data["rows"]
     for collective in ("all_reduce", "all_gather", "broadcast"):
         labels = {r["algorithm"] for r in rows if r["collective"] == collective}
-        assert labels == set(ALGORITHMS[collective]) | {"builtin", "default"}
+        assert labels == set(ALGORITHMS[collective]) | {"builtin", "default", sweep.SELF}
     assert {r["size"] for r in rows} == {1024, 4096}
     assert all(r["wrong"] == 0 for r in rows)
+    base = {(r["collective"], r["size"]): r for r in rows if r["algorithm"] == "builtin"}
     for r in rows:
         assert r["time_us"] > 0
         assert math.isclose(r["busbw_GBps"], r["algbw_GBps"] * sweep.busbw_factor(r["collective"], 2))
-        assert math.isclose(r["vs_builtin"], r["time_us"] / r["builtin_us"])
+        # vs_bi: the median of per-round ratios, from the samples the row carries
+        assert math.isclose(r["vs_builtin"], common.paired_ratio(
+            r["samples_us"], base[r["collective"], r["size"]]["samples_us"]), rel_tol=1e-9)
         assert (r["default_over_best"] is not None) == (r["algorithm"] == "default")
+        assert (r["self_ratio"] is not None) == (r["algorithm"] == sweep.SELF)
         assert r["redop"] == ("sum" if r["collective"] == "all_reduce" else "none")
         assert r["root"] == (0 if r["collective"] == "broadcast" else -1)
         assert r["type"] == "float"
@@ -51,8 +55,9 @@ def test_sweep_smoke_two_ranks(tmp_path, capfd):
     assert model["alpha"] >= 0 and model["beta"] > 0
     assert (out / "p2p.csv").exists() and (out / "results.csv").exists()
     table_lines = [line for line in printed.splitlines() if line.startswith(" ") and " all_reduce " in line]
-    assert len(table_lines) == 2 * (len(ALGORITHMS["all_reduce"]) + 2)
-    assert "all_reduce, N=2" in (out / "report.md").read_text()
+    assert len(table_lines) == 2 * (len(ALGORITHMS["all_reduce"]) + 3)
+    report = (out / "report.md").read_text()
+    assert "all_reduce, N=2" in report and "within the self-vs-self noise" in report
     assert (out / "all_reduce_n2.png").exists() and (out / "model_vs_measured.png").exists()
 
 
@@ -361,3 +366,22 @@ def test_ddp_backend_prints_a_ratio_per_world_size(capfd, monkeypatch):
     rows = [line.split() for line in capfd.readouterr().out.splitlines() if not line.startswith("#")]
     assert len(rows) == 1 and rows[0][:2] == ["2", "4"], rows
     assert all(float(x) > 0 for x in rows[0][2:])
+
+
+def test_cliff_times_each_candidate_under_both_policies(tmp_path, capfd):
+    """benchmarks.cliff: every (policy, candidate) timed with its socket-thread CPU; the door's
+    policy (SCHED_BATCH) is back on the threads afterwards."""
+    import os
+    if not hasattr(os, "SCHED_BATCH"):
+        pytest.skip("SCHED_BATCH is Linux's")
+    from benchmarks import cliff
+    cliff.main(["--world-size", "2", "-b", "4K", "-e", "4K", "-n", "2", "-w", "1", "--rounds", "2",
+                "--out", str(tmp_path)])
+    printed = capfd.readouterr().out
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {(r["policy"], r["candidate"]) for r in rows} == {
+        (p, c) for p in cliff.POLICIES for c in ("1 exchange, torch", "2 exchanges, torch", "built-in", "ring")}
+    for r in rows:
+        assert r["median_us"] > 0 and 0 <= r["stalled"] <= 1
+        assert r["io_cpu_us"] >= 0 and r["caller_cpu_us"] > 0
+    assert printed.count("as torch made them") == 4 and "calls >2ms" in printed
