@@ -27,8 +27,16 @@ def _policies():
     return {name: sorted(p) for name, p in out.items()}
 
 
+def _named_io_threads():
+    """Whether this torch's gloo names its socket threads (2.14 does; 2.11's leave them
+    unnamed, 'python' like the main thread, so the door cannot find them and leaves them be)."""
+    return "gloo_tcp_loop" in _policies()
+
+
 def _calmed(rank, n):
     torch.set_num_threads(1)
+    if not _named_io_threads():
+        return None
     before = _policies()["gloo_tcp_loop"]
     x = torch.full((1000,), float(rank + 1))
     collectives.all_reduce(x, algorithm="ring")
@@ -42,7 +50,10 @@ def _calmed(rank, n):
 
 
 def test_gloo_socket_threads_become_batch_on_first_message():
-    for before, after_world, fresh, after_sub, total, got in run_world(_calmed, 2):
+    results = run_world(_calmed, 2)
+    if results[0] is None:
+        pytest.skip(f"torch {torch.__version__}'s gloo does not name its socket threads")
+    for before, after_world, fresh, after_sub, total, got in results:
         assert set(before) == {os.SCHED_OTHER}
         assert after_world.count(os.SCHED_BATCH) >= 1 and os.SCHED_OTHER not in after_world
         assert os.SCHED_OTHER in fresh          # the new group's threads, not yet seen
@@ -53,7 +64,7 @@ def test_gloo_socket_threads_become_batch_on_first_message():
 def _left_alone(rank, n):
     x = torch.ones(10)
     collectives.all_reduce(x)
-    return _policies()["gloo_tcp_loop"], x[0].item()
+    return _policies().get("gloo_tcp_loop", [os.SCHED_OTHER]), x[0].item()
 
 
 def test_switch_off_leaves_them_as_torch_made_them():
