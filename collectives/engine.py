@@ -37,6 +37,16 @@ import weakref
 import torch
 
 
+def wait_for(done, timeout, description):
+    """Wait on the event ``done``, bounded by ``timeout`` (seconds or a timedelta; None, 0 or less:
+    no bound): the one bounded wait behind every handle's ``wait(timeout=...)``, ours and the
+    torch backend's. Raises TimeoutError naming ``description``."""
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if not done.wait(timeout if timeout and timeout > 0 else None):
+        raise TimeoutError(f"{description} did not finish within {timeout:g} s (wait(timeout=...))")
+
+
 class Work:
     """Handle of an asynchronous collective, like torch's ``Work``.
 
@@ -56,10 +66,7 @@ class Work:
 
     def wait(self, timeout=None):
         """Block until done; ``timeout`` (seconds or a timedelta) bounds the wait."""
-        if isinstance(timeout, datetime.timedelta):
-            timeout = timeout.total_seconds()
-        if not self._done.wait(timeout if timeout else None):
-            raise TimeoutError(f"{self.description} did not finish within {timeout:g} s")
+        wait_for(self._done, timeout, self.description)
         if self._error is not None:
             raise self._error
         return True

@@ -12,7 +12,7 @@ from torch._C._distributed_c10d import Work as _C10dWork
 
 from .. import api, reduce_ops, settings, tensor_api
 from ..call import check_tensor
-from ..engine import engine
+from ..engine import engine, wait_for
 from ..errors import UnsupportedOperation
 from ..group import GroupInfo
 from ..tuning import agreed
@@ -65,11 +65,7 @@ class BackendWork(_C10dWork):
 
     def wait(self, timeout=None):
         """Block until done and raise its error; ``timeout`` (a timedelta or seconds) bounds the wait."""
-        if isinstance(timeout, datetime.timedelta):
-            timeout = timeout.total_seconds()
-        if not self._done.wait(timeout if timeout and timeout > 0 else None):
-            raise TimeoutError(f"collectives backend: {self._description} did not finish within "
-                               f"{timeout:g} s (wait(timeout=...))")
+        wait_for(self._done, timeout, f"collectives backend: {self._description}")
         self._future.wait()          # raises the collective's error, if any
         return True
 
