@@ -58,3 +58,20 @@ class Door(Protocol):
     def sendrecv(self, send_tensor: torch.Tensor, dst: int, recv_tensor: torch.Tensor, src: int,
                  step: int) -> None:
         """Send to ``dst`` and receive from ``src`` in one step, posted together."""
+
+
+def each_message(collective, algorithm, step, sends, recvs):
+    """The messages one ``post`` moves, receives first, as ``(kind, tensor, peer, nbytes)``.
+
+    What every door checks the same way: empty tensors are skipped (both sides know the
+    sizes, so both skip them) and a non-contiguous tensor is refused before anything moves.
+    """
+    for kind, pairs in (("recv", recvs), ("send", sends)):
+        for tensor, peer in pairs:
+            nbytes = tensor.nbytes
+            if nbytes == 0:
+                continue
+            if not tensor.is_contiguous():
+                raise ValueError(f"collectives.{collective}: a message must be a contiguous tensor "
+                                 f"(algorithm {algorithm!r}, step {step})")
+            yield kind, tensor, peer, nbytes

@@ -44,7 +44,7 @@ import zlib
 import torch
 
 from . import observers, settings
-from .door import Door
+from .door import Door, each_message
 from .errors import CollectiveError, CollectiveTimeout
 from .group import group_info
 from .observers import Message
@@ -246,19 +246,12 @@ class Comm(Door):
         around them differ.
         """
         todo = []
-        for kind, pairs in (("recv", recvs), ("send", sends)):
-            for tensor, peer in pairs:
-                nbytes = tensor.nbytes
-                if nbytes == 0:
-                    continue
-                if not tensor.is_contiguous():
-                    raise ValueError(f"collectives.{self.collective}: a message must be a contiguous tensor "
-                                     f"(algorithm {self.algorithm!r}, step {step})")
-                if tensor.is_cuda and not self.nccl:
-                    # gloo would write() from a device pointer and abort the whole process
-                    raise ValueError(f"collectives.{self.collective}: a message holds a CUDA tensor but the "
-                                     f"{self.backend} group sends host memory only: stage it to the CPU first")
-                todo.append((kind, tensor, peer, nbytes, self.tag(step, nbytes) if tagged else step))
+        for kind, tensor, peer, nbytes in each_message(self.collective, self.algorithm, step, sends, recvs):
+            if tensor.is_cuda and not self.nccl:
+                # gloo would write() from a device pointer and abort the whole process
+                raise ValueError(f"collectives.{self.collective}: a message holds a CUDA tensor but the "
+                                 f"{self.backend} group sends host memory only: stage it to the CPU first")
+            todo.append((kind, tensor, peer, nbytes, self.tag(step, nbytes) if tagged else step))
         start = time.time()
         if self.nccl:
             works = self._post_nccl(todo)

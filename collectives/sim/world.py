@@ -26,6 +26,7 @@ import itertools
 import greenlet
 
 from .. import observers
+from ..door import each_message
 from ..observers import Message
 from ..p2p_communications import MAX_STEP
 from .network import Network
@@ -171,30 +172,23 @@ class World:
             raise ValueError(f"{collective}/{algorithm}: step {step} does not fit in a tag (0..{MAX_STEP})")
         n, now, unmatched = self.n, self.now, self.unmatched
         ends = []
-        for kind, pairs in (("recv", recvs), ("send", sends)):
-            for tensor, peer in pairs:
-                nbytes = tensor.nbytes
-                if nbytes == 0:
-                    continue
-                if not tensor.is_contiguous():
-                    raise ValueError(f"collectives.{collective}: a message must be a contiguous tensor "
-                                     f"(algorithm {algorithm!r}, step {step})")
-                if peer.__class__ is not int or not 0 <= peer < n or peer == rank:
-                    raise ValueError(f"collectives.{collective}/{algorithm}: rank {rank} step {step}: "
-                                     f"{kind} peer {peer!r} is not another rank of 0..{n - 1}")
-                end = End(kind, rank, peer, step, nbytes, tensor, now, collective, algorithm)
-                ends.append(end)
-                key = (rank, peer, step, nbytes) if kind == "send" else (peer, rank, step, nbytes)
-                waiting = unmatched.get(key)
-                if waiting and waiting[0].kind != kind:
-                    other = waiting.pop(0)
-                    if not waiting:
-                        del unmatched[key]
-                    self._match(other, end)
-                elif waiting:
-                    waiting.append(end)
-                else:
-                    unmatched[key] = [end]
+        for kind, tensor, peer, nbytes in each_message(collective, algorithm, step, sends, recvs):
+            if peer.__class__ is not int or not 0 <= peer < n or peer == rank:
+                raise ValueError(f"collectives.{collective}/{algorithm}: rank {rank} step {step}: "
+                                 f"{kind} peer {peer!r} is not another rank of 0..{n - 1}")
+            end = End(kind, rank, peer, step, nbytes, tensor, now, collective, algorithm)
+            ends.append(end)
+            key = (rank, peer, step, nbytes) if kind == "send" else (peer, rank, step, nbytes)
+            waiting = unmatched.get(key)
+            if waiting and waiting[0].kind != kind:
+                other = waiting.pop(0)
+                if not waiting:
+                    del unmatched[key]
+                self._match(other, end)
+            elif waiting:
+                waiting.append(end)
+            else:
+                unmatched[key] = [end]
         return ends
 
     def _match(self, a, b):
