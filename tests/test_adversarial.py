@@ -327,10 +327,10 @@ def _killed_world(rank, n, algorithm, builtin):
                                                ("naive_ring", "backend")])
 def test_a_killed_rank_is_named_by_every_survivor_as_soon_as_gloo_knows(algorithm, through):
     env = {"COLLECTIVES_TIMEOUT": "60"}   # the deaths must be found by their closed connections
-    gloo = run_world(_killed_world, 3, algorithm, True, env=env, doomed=(1,), timeout=120)
+    gloo = run_world(_killed_world, 3, algorithm, True, env=env, timeout=120)
     if through == "backend":
         env["COLLECTIVES_ALGO"] = f"all_reduce:{algorithm}"
-    ours = run_world(_killed_world, 3, algorithm, False, env=env, doomed=(1,), timeout=120,
+    ours = run_world(_killed_world, 3, algorithm, False, env=env, timeout=120,
                      backend="collectives" if through == "backend" else "gloo")
     slowest_gloo = max(r[2] for r in gloo if r is not None)
     for rank, outcome in enumerate(ours):

@@ -198,3 +198,27 @@ def test_a_world_leaves_no_environment_in_the_fork_server(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == str({"TORCHELASTIC_USE_AGENT_STORE": None, "MASTER_PORT": None,
                                       "WORLD_SIZE": None}), run.stdout
+
+
+def _leaves_early(rank, world_size):
+    import os
+    if rank == 1:
+        os._exit(0)                       # finished, as torchrun would judge it, with no result
+    return rank
+
+
+def test_a_rank_that_exits_cleanly_has_finished():
+    assert launch.run_in_group(_leaves_early, 3, start_method="forkserver", preload=["tests.worlds"],
+                               timeout=60) == [0, None, 2]
+
+
+def _exits_badly(rank, world_size):
+    import os
+    if rank == 1:
+        os._exit(3)
+    return rank
+
+
+def test_a_rank_that_exits_with_an_error_status_fails_the_world():
+    with pytest.raises(launch.WorldError, match="rank 1"):
+        launch.run_in_group(_exits_badly, 3, start_method="forkserver", preload=["tests.worlds"], timeout=60)

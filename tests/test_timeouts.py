@@ -228,8 +228,8 @@ def test_rank_exiting_mid_collective_every_collective_and_algorithm():
     only = os.environ.get("COLLECTIVES_TEST_DEATHS")
     cases = [(c, a) for c, a in CASES if not only or c in only.split(",")]
     world = 2 + len(cases)
-    out = run_world(_death_world, world, cases, doomed=range(2, world),
-                    env={"COLLECTIVES_TIMEOUT": str(TIMEOUT)}, timeout=90 + len(cases) * (TIMEOUT + SLACK))
+    out = run_world(_death_world, world, cases, env={"COLLECTIVES_TIMEOUT": str(TIMEOUT)},
+                    timeout=90 + len(cases) * (TIMEOUT + SLACK))
     for i, case in enumerate(cases):
         check_case(case, {r: out[r][i] for r in (0, 1)}, [0, 1, 2 + i], missing=2 + i,
                    noticed=False)

@@ -331,7 +331,7 @@ def lab_spec(lab):
 
 
 def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spawn", preload=(),
-                expect_exit=None, lab=None):
+                lab=None):
     """Start ``world_size`` processes, run ``fn(*args)`` in each; return their results in rank order.
 
     Args:
@@ -345,13 +345,13 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
         start_method (str): "spawn" (a fresh interpreter each) or "forkserver"
             (forked from a server that imported ``preload`` once: fast, for tests).
         preload (list[str]): Modules the fork server imports.
-        expect_exit (dict, optional): rank -> exit code for ranks meant to die
-            (fault tests); their result is None.
         lab (LabSpec or str, optional): Run the world in a lab of hosts
             (``"hosts=2,ranks-per-host=2,rate=1gbit"``), built now and torn down after.
 
     Returns:
-        list: ``fn``'s return value on rank 0, 1, ..., world_size - 1.
+        list: ``fn``'s return value on rank 0, 1, ..., world_size - 1. A rank whose process
+        exits with status 0 without returning (``os._exit(0)``) has succeeded, as torchrun
+        judges its workers; its result is None.
 
     Raises:
         SetupError: ``MASTER_PORT`` is unusable, or the lab cannot be built here or does not
@@ -361,19 +361,17 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
     """
     spec = lab_spec(lab)
     if spec is None:
-        return _start(fn, world_size, args, env, timeout, start_method, preload, expect_exit, None)
+        return _start(fn, world_size, args, env, timeout, start_method, preload, None)
     try:
         layout = spec.layout(world_size)
         lab_tools.check_available()
     except (ValueError, lab_tools.LabUnavailable) as exc:
         raise SetupError(f"--lab: {exc}") from None
     with lab_tools.Lab(spec) as built:
-        return _start(fn, world_size, args, env, timeout, start_method, preload, expect_exit,
-                      (built, layout))
+        return _start(fn, world_size, args, env, timeout, start_method, preload, (built, layout))
 
 
-def _start(fn, world_size, args, env, timeout, start_method, preload, expect_exit, lab):
-    expect_exit = dict(expect_exit or {})
+def _start(fn, world_size, args, env, timeout, start_method, preload, lab):
     if lab:
         # The store lives on host 0, at its address; the namespace is the lab's own, so port 0
         # (any free port) cannot meet another program's.
@@ -419,10 +417,7 @@ def _start(fn, world_size, args, env, timeout, start_method, preload, expect_exi
             except queue.Empty:
                 pass
             else:
-                if rank in expect_exit:
-                    how = "returned" if ok else "raised"
-                    errors[rank] = f"rank {rank} was meant to die but {how}:\n{value}"
-                elif ok:
+                if ok:
                     out[rank] = value
                 else:
                     errors[rank] = value
@@ -431,15 +426,12 @@ def _start(fn, world_size, args, env, timeout, start_method, preload, expect_exi
             for r, p in enumerate(procs):
                 if p.exitcode is None or r in out or r in errors:
                     continue
-                if r in expect_exit:
-                    if p.exitcode == expect_exit[r]:
+                # A result may still be in the pipe: give it a moment before calling the rank silent.
+                if now - silent_since.setdefault(r, now) > 1.0:
+                    if p.exitcode == 0:     # exited cleanly without a result: done, as torchrun judges it
                         out[r] = None
                     else:
-                        errors[r] = (f"rank {r} was meant to die with exit code {expect_exit[r]} "
-                                     f"but ended with {_how_it_ended(p.exitcode)}\n")
-                # A result may still be in the pipe: give it a moment before calling the rank silent.
-                elif now - silent_since.setdefault(r, now) > 1.0:
-                    errors[r] = ("died", p.exitcode)
+                        errors[r] = ("died", p.exitcode)
             if deadline is not None and now > deadline:
                 name = getattr(fn, "__name__", fn)
                 raise TimeoutError(f"{name} on {world_size} ranks did not finish in {timeout:g} s; "
@@ -457,7 +449,7 @@ def _start(fn, world_size, args, env, timeout, start_method, preload, expect_exi
                     pass
             for r, p in enumerate(procs):
                 if r not in errors and r not in out and p.exitcode and p.exitcode < 0 \
-                        and p.exitcode != -signal.SIGTERM and r not in expect_exit:
+                        and p.exitcode != -signal.SIGTERM:
                     errors[r] = ("died", p.exitcode)
             cause, text = _report(errors, first, world_size)
             raise WorldError(text, cause, errors)
@@ -526,7 +518,7 @@ def _rank_in_group(fn, backend, threads, args):
 def run_in_group(fn, world_size, *args, backend="gloo", threads=1, **options):
     """:func:`start_world` ``world_size`` ranks in a ``backend`` group; each runs ``fn(rank, world_size, *args)``.
 
-    ``options`` are :func:`start_world`'s (env, timeout, start_method, preload, expect_exit).
+    ``options`` are :func:`start_world`'s (env, timeout, start_method, preload, lab).
 
     Example::
 
