@@ -129,6 +129,11 @@ WRONG_CASES += [   # chapters 16 and 18 (tutorials/exercises/_checks_parallel.py
      ["correct, but sends 3648 bytes (rank 0) where fully sharded data parallel with ring collectives sends "
       "3(N-1)/N x S = 2736 bytes"]),
 ]
+WRONG_CASES += [   # chapter 20 (tutorials/exercises/_checks_parallel_b.py; the others in test_exercises_parallel_b.py)
+    ("ring_attention", "ring_attention_blocking_send", (2,), "deadlock",
+     ["rank 0: in dist.send(dst=1) of float64[2, 3]", "rank 1: in dist.send(dst=0)",
+      "A send-send cycle: ranks 0 and 1 each wait to send to the other"]),
+]
 
 
 README_EXAMPLES = {"all_reduce_whole_tensor_ring", "send_recv_ring_deadlock"}   # verdicts shown in the README

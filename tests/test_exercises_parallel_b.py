@@ -1,4 +1,4 @@
-"""The grader on the exercises of chapters 17 and 19: each wrong solution fails with words a
+"""The grader on the exercises of chapters 17, 19 and 20: each wrong solution fails with words a
 learner can act on (the reference solutions pass in tests/test_exercises.py, which grades every
 exercise in EXERCISES)."""
 import pytest
@@ -21,6 +21,12 @@ WRONG_CASES = [
     ("moe_dispatch", "moe_dispatch_drops_own", (2,), "wrong",
      ["rank 0: received: expected float64[2, 3], found float64[0, 3]",
       "the tokens rank 0 routes to its own expert stay here"]),
+    ("ring_attention", "ring_attention_no_rescale", (2,), "wrong",
+     ["wrong result with 2 ranks", "rank 0: out: expected", "the online softmax without its rescale",
+      "by exp(m - m_new)"]),
+    ("ring_attention", "ring_attention_gather_all", (3,), "traffic",
+     ["correct, but sends 98304 bytes (rank 0) where ring attention sends 2(N-1) x S/N x d x 8 = 65536 bytes",
+      "see chapter 20"]),
 ]
 
 

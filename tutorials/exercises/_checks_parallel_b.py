@@ -144,3 +144,65 @@ class MoeDispatch:
 
 
 PARALLEL_B_CHECKS = {"tensor_parallel_mlp": TensorParallelMLP(), "moe_dispatch": MoeDispatch()}
+
+
+class RingAttention:
+    chapter = "chapter 20 (tutorials/20_context_parallelism.md)"
+
+    def cases(self, n, quick):
+        cases = [dict(rows=2, dim=3)]
+        if not quick:
+            cases.append(dict(rows=1, dim=1))
+        cases.append(dict(rows=3, dim=4))
+        cases.append(dict(rows=64, dim=32))        # 16 KiB per chunk: traffic is judged
+        for salt, case in enumerate(cases):
+            case["salt"] = salt
+        return cases
+
+    def label(self, case):
+        return f"q, k, v float64[{case['rows']}, {case['dim']}] per rank (S = {case['rows']} x N positions)"
+
+    def whole(self, case, n):
+        """Q, K, V of the whole sequence; scaled by 3 so that the row maxima change from chunk to chunk."""
+        g = torch.Generator().manual_seed(case["salt"])
+        return [3 * torch.randn(n * case["rows"], case["dim"], generator=g, dtype=torch.float64) for _ in range(3)]
+
+    @staticmethod
+    def unrescaled(q, ks, vs):
+        """What an online softmax that never rescales returns, visiting the chunks in this order."""
+        m = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+        l, o = torch.zeros_like(m), torch.zeros_like(q)
+        for k, v in zip(ks, vs):
+            m = torch.maximum(m, (q @ k.T / math.sqrt(q.shape[-1])).amax(-1))
+            p = torch.exp(q @ k.T / math.sqrt(q.shape[-1]) - m.unsqueeze(-1))
+            l, o = l + p.sum(-1), o + p @ v
+        return o / l.unsqueeze(-1)
+
+    def run(self, fn, case, rank, n):
+        q_all, k_all, v_all = self.whole(case, n)
+        qs, ks, vs = (t.split(case["rows"]) for t in (q_all, k_all, v_all))
+        expected = torch.softmax(qs[rank] @ k_all.T / math.sqrt(case["dim"]), -1) @ v_all
+        mine = [qs[rank].clone(), ks[rank].clone(), vs[rank].clone()]
+        out = fn(*mine)
+        report = compare([("out", expected, out)])
+        if not report["ok"] and n > 1 and isinstance(out, torch.Tensor) and out.shape == expected.shape:
+            for order in ([(rank - s) % n for s in range(n)], [(rank + s) % n for s in range(n)]):
+                if torch.allclose(out, self.unrescaled(qs[rank], [ks[j] for j in order], [vs[j] for j in order]),
+                                  rtol=1e-9, atol=1e-12):
+                    report["lines"].append("(this is the online softmax without its rescale: when a chunk raises "
+                                           "a row's maximum from m to m_new, multiply the running sum l and output "
+                                           "o by exp(m - m_new) before adding the new chunk's terms)")
+                    break
+        return report
+
+    def need(self, case, n):
+        if case["rows"] * case["dim"] < 1000 or n == 1:
+            return None
+        c = case["rows"] * case["dim"] * E
+        return Need(sent_bytes=2 * (n - 1) * c, sent_messages=2 * (n - 1),
+                    ideal=f"2(N-1) x S/N x d x 8 = {2 * (n - 1) * c} bytes in at most 2(N-1) = {2 * (n - 1)} "
+                          f"messages (N-1 key chunks and N-1 value chunks, {c} bytes each; the queries stay)",
+                    algorithm="ring attention", chapter=self.chapter)
+
+
+PARALLEL_B_CHECKS["ring_attention"] = RingAttention()   # chapter 20
