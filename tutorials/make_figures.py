@@ -239,6 +239,17 @@ def main():
               f"gradient: {[sum(s < last[r] for s, _ in spans[r]) for r in sorted(spans)]}, "
               f"backward ms: {[round((back[r] - min(t for q, t, lab in events if q == r and lab == 'backward starts')) * 1e3, 1) for r in sorted(back)]}")
     save(training_step_figure(traces["training_step"]), "training_step_timeline.png")
+    other_programs()
+
+
+def other_programs():
+    """The pictures of chapters 16 and 19 come from their own programs: drawn here as they draw them."""
+    from benchmarks import pipeline_bubble
+    from tutorials.demos import ch19_expert
+    pipeline_bubble.main(["--forward-ms", "400", "-m", "4", "-n", "1",
+                          "--plot", str(FIGURES / "ch16_pipeline_timeline.png")])
+    assert ch19_expert.FIGURE == FIGURES / "moe_load.png"
+    run(ch19_expert.figure, ch19_expert.WORLD_SIZE)
 
 
 if __name__ == "__main__":
