@@ -182,7 +182,7 @@ def _wrong_size(rank, world_size):
             p2p_api.send(torch.zeros(4), 1)
         else:
             p2p_api.recv(torch.zeros(8), 0)
-    except collectives.CollectiveTimeout as exc:
+    except collectives.CollectiveError as exc:
         time.sleep(3)      # stay: leaving would close the connection under the other rank's wait
         return str(exc)
     return "no error"
@@ -192,4 +192,8 @@ def test_a_receive_of_the_wrong_size_waits_and_is_explained():
     """The size is in the tag: 16 bytes never fill a 32-byte receive; both sides time out, named."""
     r = run_world(_wrong_size, 2, env={"COLLECTIVES_TIMEOUT": "2"})
     assert "timed out after 2 s waiting to send 16 bytes to rank 1" in r[0], r[0]
-    assert "timed out after 2 s waiting to receive 32 bytes from rank 0" in r[1], r[1]
+    # the receiver times out too, unless the sender's timeout closed the connection first (gloo in
+    # torch 2.11 closes a pair when a wait on it times out): either way it names the 32 bytes it
+    # waited for and the rank, and never returns half-filled data
+    assert "32 bytes from rank 0" in r[1], r[1]
+    assert "timed out after 2 s" in r[1] or "closed the connection" in r[1], r[1]
