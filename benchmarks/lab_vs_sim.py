@@ -14,9 +14,9 @@ nodes of L ranks sharing one link, loopback inside at the measured point-to-poin
 simulates every row of our algorithms, and prints measured against simulated time and the
 median |error| over sizes of 1 MiB and more (the issue's goal: at most 10%).
 
-``collectives.sim`` is imported only here, when the comparison runs: without it (an older
-version of the package) this says so and exits 2. Interleaved placements and uneven hosts
-are refused: the simulator's nodes hold consecutive ranks, equally many each.
+Rows of the built-in and of ``algorithm=None`` (``default``, ``default_again``) are
+skipped: only registered algorithms can be simulated. Interleaved placements and uneven
+hosts are refused: the simulator's nodes hold consecutive ranks, equally many each.
 """
 import argparse
 import json
@@ -24,6 +24,8 @@ import statistics
 import sys
 
 from benchmarks import common
+from collectives import sim
+from collectives.algorithms import ALGORITHMS
 
 GOODPUT = 1448 / 1514
 
@@ -58,11 +60,10 @@ def topology(meta, world_size):
 def compare(results, min_size=1 << 20):
     """Rows of (collective, N, algorithm, size, measured us, simulated us, error) and the
     median |error| over sizes >= ``min_size``."""
-    from collectives import sim
     meta, rows = results["meta"], results["rows"]
     out = []
     for r in rows:
-        if r["algorithm"] in ("builtin", "default"):
+        if r["algorithm"] not in ALGORITHMS.get(r["collective"], ()):
             continue
         topo = topology(meta, r["world_size"])
         t = sim.simulate(r["collective"], r["algorithm"], r["world_size"], r["size"], topology=topo).time
@@ -77,13 +78,6 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.lab_vs_sim", description=__doc__.split("\n")[0])
     p.add_argument("results", help="results.json of a `benchmarks.sweep --lab ... --model` run")
     args = p.parse_args(argv)
-    try:
-        import collectives.sim  # noqa: F401
-    except ImportError:
-        print("benchmarks.lab_vs_sim: collectives.sim is missing from this version of the package; "
-              "the lab's measurements are in the sweep's results, to be simulated once it exists",
-              file=sys.stderr)
-        return 2
     with open(args.results) as f:
         results = json.load(f)
     if not results["meta"].get("lab"):
