@@ -14,6 +14,13 @@ For each size, three candidates are timed interleaved (see
 * ``ring exchange``: every rank sends S right and receives S from its left at
   once: the bandwidth a ring can use when every link is busy both ways.
 * ``reduce``: one local ``add_`` of S bytes (gamma S).
+* ``copy`` and ``fresh copy``: one local ``copy_`` of S bytes into memory used before, and
+  into memory just allocated (which the first write faults in): what the simulator
+  charges a rank's own copies and allocations (``benchmarks.sim_calibrate``).
+
+and once, ``api_us`` and ``api_ring_us`` in every row: whole 4-byte
+``collectives.all_reduce`` calls through the API (:func:`measure_api`), from which
+``benchmarks.sim_calibrate`` finds the API's own cost per call and per step.
 
 :func:`collectives.tuning.cost_model.fit` then gives alpha and beta (ping-pong),
 alpha_ring and beta_ring (ring exchange) and gamma, per world size, printed
@@ -38,8 +45,9 @@ def measure(rank, n, device, sizes, iters=20, warmup=2, batch=0):
     Call it inside a world (every rank at once, n >= 2).
 
     Returns:
-        list[dict]: per size: world_size, size, pingpong_oneway_us, pingpong_GBps,
-        ring_exchange_us, ring_exchange_GBps, reduce_us, reduce_GBps (same on every rank).
+        list[dict]: per size: world_size, size, api_us, api_ring_us, pingpong_oneway_us, pingpong_GBps,
+        ring_exchange_us, ring_exchange_GBps, reduce_us, reduce_GBps, copy_us, fresh_copy_us
+        (same on every rank).
     """
     from collectives.p2p_communications import Comm
     comm = Comm(dist.group.WORLD, "bench", "p2p")
@@ -48,6 +56,7 @@ def measure(rank, n, device, sizes, iters=20, warmup=2, batch=0):
     # (NCCL), in host memory where it does not (gloo stages CUDA tensors once per call).
     wire = device if comm.nccl else torch.device("cpu")
     rows = []
+    api = {field: t * 1e6 for field, t in measure_api(wire, iters, warmup).items()}
     for size in sizes:
         a = torch.zeros(max(size // 4, 1), device=wire)
         b = torch.zeros_like(a)
@@ -65,15 +74,41 @@ def measure(rank, n, device, sizes, iters=20, warmup=2, batch=0):
 
         def reduce_local():
             b.add_(a)
-        t = common.time_candidates({"pingpong": pingpong, "ring_exchange": ring, "reduce": reduce_local},
+
+        def copy_local():
+            b.copy_(a)
+
+        def copy_fresh():
+            torch.empty_like(a).copy_(a)
+        t = common.time_candidates({"pingpong": pingpong, "ring_exchange": ring, "reduce": reduce_local,
+                                    "copy": copy_local, "fresh": copy_fresh},
                                    iters, warmup, common.batch_for(size, batch), wire)
         nbytes = a.numel() * 4
-        rows.append({"world_size": n, "size": nbytes, "pingpong_oneway_us": t["pingpong"] / 2 * 1e6,
+        rows.append({"world_size": n, "size": nbytes, **api,
+                     "pingpong_oneway_us": t["pingpong"] / 2 * 1e6,
                      "pingpong_GBps": nbytes / (t["pingpong"] / 2) / 1e9,
                      "ring_exchange_us": t["ring_exchange"] * 1e6,
                      "ring_exchange_GBps": nbytes / t["ring_exchange"] / 1e9,
-                     "reduce_us": t["reduce"] * 1e6, "reduce_GBps": nbytes / t["reduce"] / 1e9})
+                     "reduce_us": t["reduce"] * 1e6, "reduce_GBps": nbytes / t["reduce"] / 1e9,
+                     "copy_us": t["copy"] * 1e6, "fresh_copy_us": t["fresh"] * 1e6})
     return rows
+
+
+API_CALLS = {"api_us": ("all_reduce", "recursive_doubling"), "api_ring_us": ("all_reduce", "ring")}
+API_BYTES = 4
+API_BATCH = common.batch_for(API_BYTES)
+
+
+def measure_api(device, iters=20, warmup=2):
+    """Seconds per call of whole 4-byte ``collectives.all_reduce`` calls (``API_CALLS``:
+    recursive doubling, ceil(log2 N) steps; the ring, 2 (N - 1)), ``API_BATCH`` back to back,
+    as {field: seconds}. Four bytes are nothing to move or add: the time is the API's own work
+    per call and per step, which ``benchmarks.sim_calibrate`` takes from them. Collective:
+    every rank."""
+    from collectives import api
+    x = torch.zeros(API_BYTES // 4, device=device)
+    fns = {field: (lambda c=c, a=a: getattr(api, c)(x, algorithm=a)) for field, (c, a) in API_CALLS.items()}
+    return common.time_candidates(fns, iters, warmup, API_BATCH, device)
 
 
 def _worker(args, rank, n, device):

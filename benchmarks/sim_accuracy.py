@@ -39,15 +39,16 @@ def quantile(xs, q):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def compare(rows, spec):
-    """[(row, predicted seconds)] for every measured row of a registered algorithm."""
+def compare(rows, spec, batch=0):
+    """[(row, predicted seconds)] for every measured row of a registered algorithm, simulated
+    as it was measured: ``common.batch_for(size, batch)`` calls back to back, per call."""
     out = []
     for row in rows:
         c, a = row["collective"], row["algorithm"]
         if a not in ALGORITHMS.get(c, ()):
             continue
         r = simulate(c, a, row["world_size"], row["size"], dict(spec, name="local"),
-                     root=max(row["root"], 0), device="meta")
+                     root=max(row["root"], 0), device="meta", calls=common.batch_for(row["size"], batch))
         out.append((row, r.time))
     return out
 
@@ -79,7 +80,7 @@ def main(argv=None):
     spec = spec_from_p2p(p2p, os.cpu_count())
     print(f"\n# calibrated in this run: {topology.describe(dict(spec, name='local'))}")
     print(f"# {meta.get('cpu', '')}")
-    pairs = compare(rows, spec)
+    pairs = compare(rows, spec, args.batch)
     print(f"#{'collective':>14} {'N':>3} {'size(B)':>11} {'algorithm':>20} {'measured(us)':>13} "
           f"{'predicted(us)':>14} {'pred/meas':>9}")
     errors = []

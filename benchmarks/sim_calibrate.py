@@ -6,19 +6,14 @@ Usage::
     python -m benchmarks.sim_calibrate --world-size 2 --no-store
 
 Measures through the real door, as ``benchmarks.pingpong`` does (the same
-``pingpong.measure``: ping-pong, ring exchange, a local reduction), fits each world
-size with ``collectives.tuning.cost_model.fit``, and turns the fits into a flat
-topology for ``python -m collectives.sim --topology local``:
-
-* the ring exchange is what the algorithms do (every rank sends right and receives
-  left at once), so its fit gives the per-message alpha and the bandwidth;
-* this machine has C cores. With more ranks than cores a rank that was waiting must
-  first get a core back: the simulator charges each wake-up ``wake`` seconds of a
-  shared core (C of them). With N = 2 on 2 cores a step costs alpha + wake; with
-  N = 4 the four wake-ups queue on two cores: alpha + 2 wake. The two fits give
-  both: ``wake = a4 - a2``, ``alpha = a2 - wake`` (with only N <= C measured, the
-  wake-up is taken as 0 and everything is alpha);
-* gamma is the local reduction's seconds per byte.
+``pingpong.measure``: ping-pong, ring exchange, a local reduction, and one small
+all_reduce through the whole API), fits each world size with
+``collectives.tuning.cost_model.fit``, and turns the fits into a flat topology for
+``python -m collectives.sim --topology local`` (:func:`spec_from_p2p` says how each
+figure follows): per-message latency alpha and CPU ``overhead``, the bandwidth of one
+message and of the machine (``host_bandwidth``: on a loopback every byte is copied by
+the CPUs, so messages in flight share it), gamma, the C cores the ranks share with the
+``wake`` cost of a rank that waited, and the API's ``call`` cost.
 
 Stored (``--no-store`` to only print) in the per-user cache beside the tuning tables
 (``collectives.sim.topology.calibration_path()``), where ``--topology local`` reads it.
@@ -26,37 +21,160 @@ Stored (``--no-store`` to only print) in the per-user cache beside the tuning ta
 import argparse
 import datetime
 import json
+import math
 import os
+import statistics
 
 from benchmarks import common, pingpong
-from collectives.sim import topology
+from collectives.sim import simulate, topology
 from collectives.tuning import cost_model
 
 
 def spec_from_p2p(p2p_rows, cores=None):
-    """A ``local`` topology (dict) from ``pingpong.measure`` rows of one or more world sizes."""
+    """A ``local`` topology (dict) from ``pingpong.measure`` rows of one or more world sizes.
+
+    The figures are those with which the simulator plays the measured programs out (N ranks
+    on C cores; per message a rank spends ``overhead`` o of CPU posting it, the wire adds
+    alpha, a rank that waited spends ``wake`` w of CPU to run again, each call through the
+    API costs ``call`` of CPU first; CPU work queues for the C cores):
+
+    * alpha, o, w, call and ``switch`` (what a core turning from one rank to another costs):
+      the best fit to the ping-pong's and the ring exchange's latency and to two 4-byte
+      all_reduce calls through the API (:func:`latencies`);
+    * bandwidth: one message alone (ping-pong's beta); ``host_bandwidth``: what N messages
+      at once share (the ring exchange moves N of them: N / beta_ring), the loopback's
+      copies being the machine's CPUs and memory;
+    * gamma: the local reduction's seconds per byte; ``copy`` and ``alloc``: a local copy's,
+      and what new memory costs more (:func:`memory_rates`).
+    """
     cores = cores or os.cpu_count()
     fits = {}
     for n in sorted({r["world_size"] for r in p2p_rows}):
         fits[n] = cost_model.fit([r for r in p2p_rows if r["world_size"] == n])
+        fits[n].update(api_figures(p2p_rows, n))
     small = min(fits)
-    a_small = fits[small]["alpha_ring"]
-    wake = 0.0
-    over = [n for n in fits if n > cores]
-    if over and small <= cores:
-        big = max(over)
-        rounds = -(-big // cores)         # wake-ups in a row per step at N = big
-        wake = max((fits[big]["alpha_ring"] - a_small) / (rounds - 1), 0.0)
-    alpha = max(a_small - wake, 0.0)
-    return {
-        "kind": "flat", "alpha": alpha, "bandwidth": 1.0 / fits[small]["beta_ring"],
-        "gamma": fits[small]["gamma"], "cores": cores, "wake": wake,
+    lat = latencies(fits, cores)
+    copy, alloc = memory_rates([r for r in p2p_rows if r["world_size"] == small])
+    host = statistics.median(n / fits[n]["beta_ring"] for n in fits)
+    spec = {
+        "kind": "flat", **lat, "bandwidth": 1.0 / fits[small]["beta"],
+        "host_bandwidth": max(host, 1.0 / fits[small]["beta_ring"]),
+        "gamma": fits[small]["gamma"], "cores": cores,
+        "copy": copy, "alloc": alloc,
         "calibrated": {"when": datetime.datetime.now().isoformat(timespec="seconds"),
                        "machine": common.machine_info("python -m benchmarks.sim_calibrate"),
                        "fits": {str(n): f for n, f in fits.items()}},
         "source": f"calibrated on this machine by python -m benchmarks.sim_calibrate "
                   f"({datetime.date.today().isoformat()}, N={','.join(map(str, fits))})",
     }
+    return spec
+
+
+def _pingpong(comm, tensor, root):
+    """``pingpong.measure``'s ping-pong (ranks 0 and 1), with the algorithm modules' signature."""
+    if comm.rank == 0:
+        comm.send(tensor, 1, 0)
+        comm.recv(tensor, 1, 1)
+    elif comm.rank == 1:
+        comm.recv(tensor, 0, 0)
+        comm.send(tensor, 0, 1)
+
+
+def _ring_exchange(comm, tensor, root):
+    """``pingpong.measure``'s ring exchange: every rank sends right and receives from the left."""
+    n, r = comm.size, comm.rank
+    comm.sendrecv(tensor, (r + 1) % n, tensor.new_empty(tensor.shape), (r - 1) % n, 2)
+
+
+LATENCY_FIELDS = ("alpha", "overhead", "wake", "call", "switch")
+
+
+def latencies(fits, cores):
+    """{alpha, overhead, wake, call, switch}: the figures with which the simulator best plays
+    out what was measured (least squares of log(predicted / measured), all >= 0).
+
+    The programs, per world size N, each simulated as it was measured (a batch of calls back
+    to back, the ranks sharing C cores): the ping-pong's and the ring exchange's latency (the
+    intercepts of their fits, simulated with 4 bytes: half a ping-pong's round trip, one
+    exchange), and two whole 4-byte all_reduce calls through the API (``pingpong.API_CALLS``),
+    which carry the API's own work per call (``call``) and the algorithm's per step. The
+    figures need not all agree (they are noisy, and the machine is not the model), so the fit
+    spreads the misfit instead of letting one difference of two noisy figures decide a
+    parameter. Nelder-Mead on the square roots (which keeps them >= 0)."""
+    batch = pingpong.API_BATCH
+    targets = []                          # (collective, function or name, n, divide by, measured s)
+    for n, f in fits.items():
+        targets.append(("broadcast", _pingpong, n, 2, f["alpha"]))
+        targets.append(("broadcast", _ring_exchange, n, 1, f["alpha_ring"]))
+        for field, (collective, algorithm) in pingpong.API_CALLS.items():
+            if f.get(field):
+                targets.append((collective, algorithm, n, 1, f[field]))
+
+    def loss(x):
+        spec = {name: v * v for name, v in zip(LATENCY_FIELDS, x)}
+        spec.update(kind="flat", bandwidth=1e12, gamma=0.0, cores=cores, name="fit")
+        total = 0.0
+        door_only = dict(spec, call=0.0)        # the point-to-point programs skip the API
+        for collective, fn, n, per, measured in targets:
+            got = simulate(collective, fn, n, pingpong.API_BYTES, spec if isinstance(fn, str) else door_only,
+                           calls=batch).time / per
+            total += math.log(max(got, 1e-12) / measured) ** 2
+        return total
+
+    guess = math.sqrt(fits[min(fits)]["alpha"] / 4)
+    x = nelder_mead(loss, [guess] * len(LATENCY_FIELDS))
+    return {name: v * v for name, v in zip(LATENCY_FIELDS, x)}
+
+
+def nelder_mead(f, x0, scale=0.5, iters=400):
+    """Minimise ``f`` from ``x0`` (the textbook simplex method; small, no dependency)."""
+    n = len(x0)
+    pts = [list(x0)] + [[x0[j] * (1 + scale) if j == i else x0[j] for j in range(n)] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=vals.__getitem__)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        centre = [sum(p[j] for p in pts[:-1]) / n for j in range(n)]
+        move = lambda t: [c + t * (w - c) for c, w in zip(centre, pts[-1])]  # noqa: E731
+        r = move(-1.0)
+        fr = f(r)
+        if fr < vals[0]:
+            e = move(-2.0)
+            fe = f(e)
+            pts[-1], vals[-1] = (e, fe) if fe < fr else (r, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = r, fr
+        else:
+            c = move(0.5)
+            fc = f(c)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = c, fc
+            else:
+                pts = [pts[0]] + [[b + 0.5 * (p - b) for b, p in zip(pts[0], q)] for q in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+        if max(vals) - min(vals) < 1e-10:
+            break
+    return pts[min(range(n + 1), key=vals.__getitem__)]
+
+
+def memory_rates(rows):
+    """(copy, alloc) seconds per byte: a local copy into used memory, and what a copy into new
+    memory costs more (the slopes of ``copy_us`` and ``fresh_copy_us`` over size); (0, 0)
+    where they were not measured."""
+    rows = [r for r in rows if r.get("copy_us") and r.get("fresh_copy_us")]
+    if len(rows) < 2:
+        return 0.0, 0.0
+    sizes = [r["size"] for r in rows]
+    _, copy = cost_model.fit_line(sizes, [r["copy_us"] * 1e-6 for r in rows])
+    _, fresh = cost_model.fit_line(sizes, [r["fresh_copy_us"] * 1e-6 for r in rows])
+    return copy, max(fresh - copy, 0.0)
+
+
+def api_figures(p2p_rows, n):
+    """{field: median seconds} of ``pingpong.API_CALLS`` for world size ``n`` (empty if not measured)."""
+    mine = [r for r in p2p_rows if r["world_size"] == n]
+    return {field: statistics.median(r[field] for r in mine) * 1e-6
+            for field in pingpong.API_CALLS if all(r.get(field) for r in mine)}
 
 
 def _worker(args, rank, n, device):
@@ -89,6 +207,11 @@ def main(argv=None):
     spec = spec_from_p2p(rows)
     topology.validate(dict(spec, name="local"))
     print(topology.describe(dict(spec, name="local")))
+    for n, f in spec["calibrated"]["fits"].items():
+        print(f"# N={n}: ping-pong alpha {f['alpha'] * 1e6:.1f} us, {1e-9 / f['beta']:.2f} GB/s; ring exchange "
+              f"alpha {f['alpha_ring'] * 1e6:.1f} us, {1e-9 / f['beta_ring']:.2f} GB/s per message; "
+              f"4-byte all_reduce through the API {f.get('api_us', 0) * 1e6:.0f} us (recursive doubling), "
+              f"{f.get('api_ring_us', 0) * 1e6:.0f} us (ring)")
     if not args.no_store:
         print(f"# stored in {store(spec)}; python -m collectives.sim --topology local reads it")
 

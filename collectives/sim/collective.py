@@ -174,7 +174,7 @@ def resolve_algorithm(collective, algorithm):
 
 
 def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g", root=0,
-             device="meta", dtype=torch.float32, op=ReduceOp.SUM, check=None):
+             device="meta", dtype=torch.float32, op=ReduceOp.SUM, check=None, calls=1):
     """Simulate one call of ``algorithm`` (a registered name or a function with the algorithm
     modules' signature) of ``collective`` on ``world_size`` virtual ranks.
 
@@ -185,6 +185,9 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         root: the root of broadcast, reduce, gather and scatter.
         device: ``"meta"`` (sizes only: time and traffic) or ``"cpu"`` (real data, exact results).
         check: compare every rank's output with the closed form (default: when ``device="cpu"``).
+        calls: how many calls each rank makes back to back, as a benchmark that times a batch
+            of calls does (the next call's messages meet the slower ranks' last ones); each
+            starts from fresh inputs, and ``time`` is per call (the whole / ``calls``).
 
     Returns:
         :class:`Result`. Raises :class:`~collectives.sim.deadlock.Deadlock` if the ranks wait
@@ -211,12 +214,22 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
     world = World(fabric, real_data=device != "meta")
     outputs = [None] * n
 
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a whole number >= 1, got {calls!r}")
+
     def body(r):
-        args, outs = setup(collective, r, n, e, root, dtype, device)
-        outputs[r] = outs
-        if n == 1:
-            local(collective, args)
-        else:
+        for _ in range(calls):
+            world.quiet = True        # the inputs exist before the call: making them is not its work
+            try:
+                args, outs = setup(collective, r, n, e, root, dtype, device)
+            finally:
+                world.quiet = False
+            outputs[r] = outs
+            if n == 1:
+                local(collective, args)
+                continue
+            if fabric.call:
+                world.busy(r, fabric.call)
             door = SimDoor(world, r, collective, name)
             if red is not None:
                 args.append(ChargedOp(red, world, r))
@@ -224,7 +237,7 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         if red is not None and red.average and (collective != "reduce" or r == root) and device != "meta":
             outs[0].div_(n)
 
-    time = world.run(body)
+    time = world.run(body) / calls
     ranks = [{"sent_messages": x.sent_messages, "sent_bytes": x.sent_bytes, "recv_messages": x.recv_messages,
               "recv_bytes": x.recv_bytes, "reduced_bytes": x.reduced_bytes, "steps": len(x.steps),
               "time": x.end_time} for x in world.ranks]

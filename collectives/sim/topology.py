@@ -17,7 +17,21 @@ for each pair of ranks, the route (link ids) and the per-message latency alpha. 
 
 Every kind also has ``gamma`` (seconds per reduced byte), and optionally ``cores`` (how
 many cores the ranks share: None, a core each) and ``wake`` (seconds of CPU a rank needs
-to wake up after waiting), for machines with more ranks than cores, as ``local`` is.
+to wake up after waiting) and ``switch`` (seconds more when a core turns from one rank to
+another: a context switch and a cold cache), for machines with more ranks than cores, as
+``local`` is, and
+``call`` (seconds of CPU each rank spends on a collective call before its first message:
+the API's checks and set-up) and ``overhead`` (seconds of CPU a rank spends posting each
+message, LogP's *o*: the door's checks and the transport's set-up; it delays the rank, not
+the wire), ``copy`` (seconds per byte a rank's own torch operations write: copies,
+concatenations, fills) and ``alloc`` (seconds more per byte of new memory they touch
+first). All four are 0 by default; a network's presets leave them out (their ranks are
+GPUs, whose local copies are cheap beside the network).
+
+A ``flat`` topology may also have ``host_bandwidth``: ranks on one machine talking over
+its loopback, as ``local`` does, move every byte with that machine's CPUs and memory, so
+all messages in flight share that capacity (bytes/s, one direction) besides their own
+ends' bandwidth. Every message then crosses one more link, the host.
 
 Figures are per direction, in bytes/s and seconds. ``source`` says where they come from.
 """
@@ -62,7 +76,7 @@ FIELDS = {
     "nodes": ("alpha", "bandwidth", "gamma", "ranks_per_node", "intra_alpha", "intra_bandwidth", "nic"),
     "fat_tree": ("alpha", "bandwidth", "gamma", "ranks_per_leaf", "oversubscription"),
 }
-OPTIONAL = ("cores", "wake", "source", "name", "calibrated")
+OPTIONAL = ("cores", "wake", "switch", "call", "overhead", "copy", "alloc", "host_bandwidth", "source", "name", "calibrated")
 
 
 def calibration_path():
@@ -143,6 +157,14 @@ def validate(spec):
             raise ValueError(f"{where}: {field} must be above 0")
         if field in ("ranks_per_node", "ranks_per_leaf") and (int(value) != value or value < 1):
             raise ValueError(f"{where}: {field} must be a whole number >= 1")
+    for field in ("wake", "switch", "call", "overhead", "copy", "alloc", "host_bandwidth"):
+        value = spec.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+                                  or (field == "host_bandwidth" and value <= 0)):
+            raise ValueError(f"{where}: {field} must be a {'positive' if field == 'host_bandwidth' else 'non-negative'} "
+                             f"number or null, got {value!r}")
+    if spec.get("host_bandwidth") is not None and kind != "flat":
+        raise ValueError(f"{where}: host_bandwidth is for a flat topology (ranks on one machine)")
     cores = spec.get("cores")
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
         raise ValueError(f"{where}: cores must be a whole number >= 1 or null")
@@ -158,12 +180,19 @@ class Fabric:
     gamma: float
     cores: object
     wake: float
+    call: float = 0.0
+    overhead: float = 0.0
+    switch: float = 0.0
+    copy: float = 0.0
+    alloc: float = 0.0
 
     def route(self, src, dst):
         """(link ids, alpha) of a message from ``src`` to ``dst``."""
         s = self.spec
         kind, n = s["kind"], self.n
         if kind == "flat":
+            if s.get("host_bandwidth"):
+                return (2 * src, 2 * dst + 1, 2 * n), s["alpha"]
             return (2 * src, 2 * dst + 1), s["alpha"]
         if kind == "nodes":
             per = s["ranks_per_node"]
@@ -187,7 +216,7 @@ def build(spec, n):
     kind = spec["kind"]
     bw = float(spec["bandwidth"])
     if kind == "flat":
-        capacity = [bw] * (2 * n)
+        capacity = [bw] * (2 * n) + ([float(spec["host_bandwidth"])] if spec.get("host_bandwidth") else [])
     elif kind == "nodes":
         per = spec["ranks_per_node"]
         nics = n if spec["nic"] == "rank" else -(-n // per)
@@ -197,7 +226,9 @@ def build(spec, n):
         leaves = -(-n // per)
         uplink = per * bw / spec["oversubscription"]
         capacity = [bw] * (2 * n) + [uplink] * (2 * leaves)
-    return Fabric(spec, n, capacity, float(spec["gamma"]), spec.get("cores"), float(spec.get("wake") or 0.0))
+    extra = {field: float(spec.get(field) or 0.0) for field in ("call", "overhead", "switch", "copy", "alloc")}
+    return Fabric(spec, n, capacity, float(spec["gamma"]), spec.get("cores"), float(spec.get("wake") or 0.0),
+                  **extra)
 
 
 def describe(spec):
@@ -211,7 +242,17 @@ def describe(spec):
         text = f"fat tree, {spec['ranks_per_leaf']} ranks per leaf, {spec['oversubscription']}:1 uplinks: {net}"
     else:
         text = f"flat switch: {net}"
+    if spec.get("host_bandwidth"):
+        text += f" (all messages share the host's {spec['host_bandwidth'] / GB:.3g} GB/s)"
     text += f", gamma {spec['gamma'] * 1e12:.3g} ps/B"
     if spec.get("cores"):
-        text += f", ranks share {spec['cores']} cores (wake-up {spec.get('wake', 0) * 1e6:.3g} us)"
+        text += (f", ranks share {spec['cores']} cores (wake-up {spec.get('wake', 0) * 1e6:.3g} us, "
+                 f"switch {(spec.get('switch') or 0) * 1e6:.3g} us)")
+    if spec.get("overhead"):
+        text += f", {spec['overhead'] * 1e6:.3g} us of CPU per message"
+    if spec.get("call"):
+        text += f", {spec['call'] * 1e6:.3g} us of CPU per call"
+    if spec.get("copy") or spec.get("alloc"):
+        text += (f", local writes {1e-9 / spec['copy'] if spec.get('copy') else float('inf'):.3g} GB/s "
+                 f"(+{(spec.get('alloc') or 0) * 1e12:.3g} ps/B for new memory)")
     return f"{spec.get('name', kind)}: {text}"

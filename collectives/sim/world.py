@@ -16,14 +16,19 @@ bytes then. A send whose receive is never posted never completes: if every rank
 ends up waiting, the schedule deadlocks, and :mod:`.deadlock` names the cycle.
 
 Compute (``op.combine``, ``gamma`` per reduced byte) takes the rank's time but not
-the network's: messages already posted keep moving. Where ranks share ``cores``
-cores, compute and the wake-up after each wait queue for a free core.
+the network's: messages already posted keep moving. So does the CPU a rank spends
+posting messages (``overhead`` per message, LogP's *o*) and starting a call (``call``).
+Where ranks share ``cores`` cores, all of these and the wake-up after each wait queue
+for a free core.
 """
+import contextlib
 import gc
 import heapq
 import itertools
 
 import greenlet
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import observers
 from ..door import each_message
@@ -53,7 +58,7 @@ class End:
 
 
 class Rank:
-    __slots__ = ("id", "let", "waiting", "left", "finished", "end_time", "error",
+    __slots__ = ("id", "let", "waiting", "left", "finished", "end_time", "error", "debt",
                  "sent_messages", "sent_bytes", "recv_messages", "recv_bytes", "reduced_bytes", "steps")
 
     def __init__(self, i):
@@ -67,6 +72,7 @@ class Rank:
         self.sent_messages = self.sent_bytes = self.recv_messages = self.recv_bytes = 0
         self.reduced_bytes = 0
         self.steps = set()
+        self.debt = 0.0               # local work done since the rank last took CPU time for it
 
 
 class World:
@@ -84,10 +90,15 @@ class World:
         self.send_free = [0.0] * self.n   # when each rank's next message set-up can begin
         self.recv_free = [0.0] * self.n
         self.cores = [0.0] * fabric.cores if fabric.cores else None
+        if self.cores is not None:
+            self.core_free = self.cores            # when each core is next free
+            self.core_last = [None] * fabric.cores  # the rank it ran last
+            self.core_of = [None] * self.n          # the core each rank ran on last
         self.real_data = real_data
         self.watching = observers.watched()
         self.hub = None
         self.failed = None
+        self.quiet = False            # inside a charged reduction: its writes are gamma's
 
     # -- the loop ------------------------------------------------------------------
 
@@ -106,8 +117,10 @@ class World:
             self.at(0.0, rank.let.switch)
         collecting = gc.isenabled()
         gc.disable()   # millions of short-lived records and no cycles among them: the collector only costs
+        memory = MemoryWork(self) if self.fabric.copy or self.fabric.alloc else contextlib.nullcontext()
         try:
-            self._loop()
+            with memory:
+                self._loop()
         finally:
             if collecting:
                 gc.enable()
@@ -135,6 +148,7 @@ class World:
         def main():
             try:
                 body(rank.id)
+                self.settle(rank.id)
             except BaseException as exc:  # handed to the loop, which stops the simulation
                 rank.error = exc
                 self.failed = rank
@@ -147,22 +161,45 @@ class World:
 
     # -- time a rank spends ----------------------------------------------------------
 
-    def _cpu(self, t, seconds):
-        """When work of ``seconds`` asked for at ``t`` ends, on a core of its own or a shared one."""
+    def _cpu(self, t, seconds, rank):
+        """When work of ``seconds`` that ``rank`` asks for at ``t`` ends, on a core of its own
+        or a shared one. A rank keeps the core it ran on last if that core is free by ``t``
+        (as a scheduler keeps a thread where its cache is); taking a core that last ran
+        another rank costs ``switch`` more (a context switch, and a cache that is not its)."""
         cores = self.cores
         if cores is None:
             return t + seconds
-        start = max(t, heapq.heappop(cores))
-        heapq.heappush(cores, start + seconds)
+        own = self.core_of[rank]
+        if own is not None and self.core_free[own] <= t:
+            core = own
+        else:
+            core = min(range(len(cores)), key=self.core_free.__getitem__)
+        start = max(t, self.core_free[core])
+        if self.core_last[core] not in (None, rank):
+            start += self.fabric.switch
+        self.core_free[core] = start + seconds
+        self.core_last[core] = rank
+        self.core_of[rank] = core
         return start + seconds
 
     def compute(self, rank, nbytes):
         """``rank`` reduces ``nbytes``: it is busy gamma * nbytes; the network is not."""
+        self.ranks[rank].reduced_bytes += nbytes
+        self.busy(rank, self.fabric.gamma * nbytes)
+
+    def settle(self, rank, seconds=0.0):
+        """``rank`` takes CPU time for its local work since it last did (``MemoryWork``) and
+        ``seconds`` more."""
         r = self.ranks[rank]
-        r.reduced_bytes += nbytes
-        seconds = self.fabric.gamma * nbytes
+        seconds, r.debt = seconds + r.debt, 0.0
+        if seconds > 0:
+            self.busy(rank, seconds)
+
+    def busy(self, rank, seconds):
+        """``rank`` works ``seconds`` on a core (queueing for a shared one); its messages in
+        flight keep moving."""
         if seconds > 0 or self.cores is not None:
-            self.at(self._cpu(self.now, seconds), r.let.switch)
+            self.at(self._cpu(self.now, seconds, rank), self.ranks[rank].let.switch)
             self._block()
 
     # -- messages ------------------------------------------------------------------
@@ -170,12 +207,20 @@ class World:
     def post(self, rank, step, sends, recvs, collective, algorithm):
         if not 0 <= step <= MAX_STEP:
             raise ValueError(f"{collective}/{algorithm}: step {step} does not fit in a tag (0..{MAX_STEP})")
-        n, now, unmatched = self.n, self.now, self.unmatched
+        n = self.n
+        messages = each_message(collective, algorithm, step, sends, recvs)
+        if self.fabric.overhead or self.ranks[rank].debt:
+            # posting costs the rank CPU (the door's checks, the transport's set-up), per
+            # message, after the local work it did since its last message
+            messages = list(messages)
+            for kind, _, peer, _ in messages:
+                self._check_peer(rank, step, kind, peer, collective, algorithm)
+            self.settle(rank, self.fabric.overhead * len(messages))
+        now, unmatched = self.now, self.unmatched
         ends = []
-        for kind, tensor, peer, nbytes in each_message(collective, algorithm, step, sends, recvs):
+        for kind, tensor, peer, nbytes in messages:
             if peer.__class__ is not int or not 0 <= peer < n or peer == rank:
-                raise ValueError(f"collectives.{collective}/{algorithm}: rank {rank} step {step}: "
-                                 f"{kind} peer {peer!r} is not another rank of 0..{n - 1}")
+                self._check_peer(rank, step, kind, peer, collective, algorithm)
             end = End(kind, rank, peer, step, nbytes, tensor, now, collective, algorithm)
             ends.append(end)
             key = (rank, peer, step, nbytes) if kind == "send" else (peer, rank, step, nbytes)
@@ -190,6 +235,12 @@ class World:
             else:
                 unmatched[key] = [end]
         return ends
+
+    def _check_peer(self, rank, step, kind, peer, collective, algorithm):
+        n = self.n
+        if peer.__class__ is not int or not 0 <= peer < n or peer == rank:
+            raise ValueError(f"collectives.{collective}/{algorithm}: rank {rank} step {step}: "
+                             f"{kind} peer {peer!r} is not another rank of 0..{n - 1}")
 
     def _match(self, a, b):
         send, recv = (a, b) if a.kind == "send" else (b, a)
@@ -233,7 +284,7 @@ class World:
     def _wake(self, rank, now):
         rank.waiting = None
         if self.cores is not None or self.fabric.wake:
-            self.at(self._cpu(now, self.fabric.wake), rank.let.switch)
+            self.at(self._cpu(now, self.fabric.wake, rank.id), rank.let.switch)
         else:
             rank.let.switch()   # on at once: it runs until it waits again, then we are back here
 
@@ -297,7 +348,50 @@ class ChargedOp:
 
     def combine(self, acc, x):
         if not acc.is_meta:
-            self.red.combine(acc, x)
+            self.world.quiet = True
+            try:
+                self.red.combine(acc, x)
+            finally:
+                self.world.quiet = False
+        self.world.settle(self.rank)
         self.world.compute(self.rank, acc.nbytes)
         return acc
+
+
+class MemoryWork(TorchDispatchMode):
+    """Charges each rank for the memory its own torch operations write, where the topology
+    gives rates for it (``copy``: seconds per byte written; ``alloc``: more per byte of new
+    memory, which the first write must fault in), as the machine spends them: an algorithm
+    that concatenates, rotates or copies out pays for it, as it does for real.
+
+    It sees every operation, on real and ``meta`` tensors alike (a meta tensor has sizes, so
+    its bytes are known). Views are free; an operation that mutates its input writes its
+    output's bytes; any other allocates its output and, unless it is an ``empty``, writes it.
+    The time is added to the running rank's debt and taken (on a shared core, if cores are
+    shared) before its next message or at its end: a dispatch handler must not switch to
+    another rank. Reductions are ``gamma``'s (:class:`ChargedOp`), not counted again."""
+
+    EMPTY = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided")
+
+    def __init__(self, world):
+        super().__init__()
+        self.world = world
+        self.ranks = {r.let: r for r in world.ranks}
+        self.copy, self.alloc = world.fabric.copy, world.fabric.alloc
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.is_view or self.world.quiet:
+            return out
+        rank = self.ranks.get(greenlet.getcurrent())
+        if rank is None:                  # the loop itself (a message's data landing)
+            return out
+        nbytes = sum(t.nbytes for t in (out if isinstance(out, (tuple, list)) else (out,))
+                     if isinstance(t, torch.Tensor))
+        if func._schema.is_mutable:
+            rank.debt += self.copy * nbytes
+        else:
+            fresh = func.__name__.split(".")[0] in self.EMPTY
+            rank.debt += self.alloc * nbytes + (0.0 if fresh else self.copy * nbytes)
+        return out
 
