@@ -41,11 +41,16 @@ def spec_from_p2p(p2p_rows, cores=None):
     * alpha, o, w, call and ``switch`` (what a core turning from one rank to another costs):
       the best fit to the ping-pong's and the ring exchange's latency and to two 4-byte
       all_reduce calls through the API (:func:`latencies`);
-    * bandwidth: one message alone (ping-pong's beta); ``host_bandwidth``: what N messages
-      at once share (the ring exchange moves N of them: N / beta_ring), the loopback's
-      copies being the machine's CPUs and memory;
+    * bandwidth: one message alone (the ping-pong's seconds per byte from 256 KiB up,
+      :func:`seconds_per_byte`); ``host_bandwidth``: what all messages at once share, the
+      loopback's copies being the machine's CPUs and memory: the ring exchange moves N
+      messages at once, N / its seconds per byte, the smallest over the world sizes
+      measured (the machine's capacity once its cores are all busy copying);
     * gamma: the local reduction's seconds per byte; ``copy`` and ``alloc``: a local copy's,
-      and what new memory costs more (:func:`memory_rates`).
+      and what new memory costs more (:func:`memory_rates`); and the three per size
+      (``by_size``, :func:`memory_tables`), which the simulator uses;
+    * ``python`` = 1: the simulator runs each algorithm's own code, unchanged, on this machine,
+      so the host time it takes between a rank's messages is what it costs that rank here.
     """
     cores = cores or os.cpu_count()
     fits = {}
@@ -54,13 +59,16 @@ def spec_from_p2p(p2p_rows, cores=None):
         fits[n].update(api_figures(p2p_rows, n))
     small = min(fits)
     lat = latencies(fits, cores)
-    copy, alloc = memory_rates([r for r in p2p_rows if r["world_size"] == small])
-    host = statistics.median(n / fits[n]["beta_ring"] for n in fits)
+    mine = [r for r in p2p_rows if r["world_size"] == small]
+    copy, alloc = memory_rates(mine)
+    one = seconds_per_byte(mine, "pingpong_oneway_us") or fits[small]["beta"]
+    host = min(n / (seconds_per_byte([r for r in p2p_rows if r["world_size"] == n], "ring_exchange_us")
+                    or fits[n]["beta_ring"]) for n in fits)
     spec = {
-        "kind": "flat", **lat, "bandwidth": 1.0 / fits[small]["beta"],
-        "host_bandwidth": max(host, 1.0 / fits[small]["beta_ring"]),
-        "gamma": fits[small]["gamma"], "cores": cores,
-        "copy": copy, "alloc": alloc,
+        "kind": "flat", **lat, "bandwidth": 1.0 / one,
+        "host_bandwidth": max(host, 0.5 / one),
+        "gamma": fits[small]["gamma"], "cores": cores, "python": PYTHON,
+        "copy": copy, "alloc": alloc, "by_size": memory_tables(mine),
         "calibrated": {"when": datetime.datetime.now().isoformat(timespec="seconds"),
                        "machine": common.machine_info("python -m benchmarks.sim_calibrate"),
                        "fits": {str(n): f for n, f in fits.items()}},
@@ -86,10 +94,12 @@ def _ring_exchange(comm, tensor, root):
     comm.sendrecv(tensor, (r + 1) % n, tensor.new_empty(tensor.shape), (r - 1) % n, 2)
 
 
+PYTHON = 1.0     # a rank's own code costs on this machine what it costs the simulator running it here
+
 LATENCY_FIELDS = ("alpha", "overhead", "wake", "call", "switch")
 
 
-def latencies(fits, cores):
+def latencies(fits, cores, python=PYTHON):
     """{alpha, overhead, wake, call, switch}: the figures with which the simulator best plays
     out what was measured (least squares of log(predicted / measured), all >= 0).
 
@@ -112,7 +122,7 @@ def latencies(fits, cores):
 
     def loss(x):
         spec = {name: v * v for name, v in zip(LATENCY_FIELDS, x)}
-        spec.update(kind="flat", bandwidth=1e12, gamma=0.0, cores=cores, name="fit")
+        spec.update(kind="flat", bandwidth=1e12, gamma=0.0, cores=cores, python=python, name="fit")
         total = 0.0
         door_only = dict(spec, call=0.0)        # the point-to-point programs skip the API
         for collective, fn, n, per, measured in targets:
@@ -168,6 +178,36 @@ def memory_rates(rows):
     _, copy = cost_model.fit_line(sizes, [r["copy_us"] * 1e-6 for r in rows])
     _, fresh = cost_model.fit_line(sizes, [r["fresh_copy_us"] * 1e-6 for r in rows])
     return copy, max(fresh - copy, 0.0)
+
+
+def seconds_per_byte(rows, field, smallest=256 << 10):
+    """The slope of ``field`` (microseconds) over size, least squares on the sizes from
+    ``smallest`` up, where the bytes, not the call, make the time (the relative-error fit
+    of ``cost_model.fit`` weighs the small sizes and misses the large ones' bandwidth);
+    None with fewer than two such sizes."""
+    pts = [(r["size"], r[field] * 1e-6) for r in rows if r["size"] >= smallest]
+    if len({x for x, _ in pts}) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return slope if slope > 0 else None
+
+
+def memory_tables(rows):
+    """``by_size`` tables of gamma, copy and alloc (seconds per byte at each size measured) from
+    one world size's rows: what a reduction, a copy and a copy into new memory each took per
+    byte, on one rank's core (the smallest world measured, N <= C, where no rank waits for a
+    core). Sizes under 4 KiB are left out: there the call, not the bytes, is the time."""
+    tables = {"gamma": [], "copy": [], "alloc": []}
+    for r in sorted(rows, key=lambda r: r["size"]):
+        s = r["size"]
+        if s < 4096 or not (r.get("copy_us") and r.get("fresh_copy_us")):
+            continue
+        tables["gamma"].append([s, r["reduce_us"] * 1e-6 / s])
+        tables["copy"].append([s, r["copy_us"] * 1e-6 / s])
+        tables["alloc"].append([s, max(r["fresh_copy_us"] - r["copy_us"], 0.0) * 1e-6 / s])
+    return {k: v for k, v in tables.items() if v}
 
 
 def api_figures(p2p_rows, n):

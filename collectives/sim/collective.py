@@ -220,10 +220,12 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
     def body(r):
         for _ in range(calls):
             world.quiet = True        # the inputs exist before the call: making them is not its work
+            world.pause(world.ranks[r])
             try:
                 args, outs = setup(collective, r, n, e, root, dtype, device)
             finally:
                 world.quiet = False
+                world.resume(world.ranks[r])
             outputs[r] = outs
             if n == 1:
                 local(collective, args)

@@ -25,8 +25,13 @@ the API's checks and set-up) and ``overhead`` (seconds of CPU a rank spends post
 message, LogP's *o*: the door's checks and the transport's set-up; it delays the rank, not
 the wire), ``copy`` (seconds per byte a rank's own torch operations write: copies,
 concatenations, fills) and ``alloc`` (seconds more per byte of new memory they touch
-first). All four are 0 by default; a network's presets leave them out (their ranks are
-GPUs, whose local copies are cheap beside the network).
+first); ``by_size`` may give ``gamma``, ``copy`` and ``alloc`` per size instead, as
+[[bytes, seconds per byte], ...] (memory work slows once it no longer fits in a cache);
+and ``python`` (simulated seconds of CPU per second of host time a rank's own code
+takes in the simulator between its messages: the simulator runs the algorithm's code, so
+on the machine it models, ``local``, 1 charges each rank what its Python costs; it makes
+times vary a little from run to run, as host time does). All are 0 by default; a network's
+presets leave them out (their ranks are GPUs whose time goes to the network).
 
 A ``flat`` topology may also have ``host_bandwidth``: ranks on one machine talking over
 its loopback, as ``local`` does, move every byte with that machine's CPUs and memory, so
@@ -35,7 +40,9 @@ ends' bandwidth. Every message then crosses one more link, the host.
 
 Figures are per direction, in bytes/s and seconds. ``source`` says where they come from.
 """
+import bisect
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -76,7 +83,7 @@ FIELDS = {
     "nodes": ("alpha", "bandwidth", "gamma", "ranks_per_node", "intra_alpha", "intra_bandwidth", "nic"),
     "fat_tree": ("alpha", "bandwidth", "gamma", "ranks_per_leaf", "oversubscription"),
 }
-OPTIONAL = ("cores", "wake", "switch", "call", "overhead", "copy", "alloc", "host_bandwidth", "source", "name", "calibrated")
+OPTIONAL = ("cores", "wake", "switch", "call", "python", "by_size", "overhead", "copy", "alloc", "host_bandwidth", "source", "name", "calibrated")
 
 
 def calibration_path():
@@ -157,18 +164,53 @@ def validate(spec):
             raise ValueError(f"{where}: {field} must be above 0")
         if field in ("ranks_per_node", "ranks_per_leaf") and (int(value) != value or value < 1):
             raise ValueError(f"{where}: {field} must be a whole number >= 1")
-    for field in ("wake", "switch", "call", "overhead", "copy", "alloc", "host_bandwidth"):
+    for field in ("wake", "switch", "call", "python", "overhead", "copy", "alloc", "host_bandwidth"):
         value = spec.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
                                   or (field == "host_bandwidth" and value <= 0)):
             raise ValueError(f"{where}: {field} must be a {'positive' if field == 'host_bandwidth' else 'non-negative'} "
                              f"number or null, got {value!r}")
+    tables = spec.get("by_size") or {}
+    if not isinstance(tables, dict) or set(tables) - set(BY_SIZE):
+        raise ValueError(f"{where}: by_size must map some of {', '.join(BY_SIZE)} to tables, got {tables!r}")
+    for field, table in tables.items():
+        ok = isinstance(table, list) and table and all(
+            isinstance(row, (list, tuple)) and len(row) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row)
+            and row[0] > 0 and row[1] >= 0 for row in table)
+        if not ok or [row[0] for row in table] != sorted({row[0] for row in table}):
+            raise ValueError(f"{where}: by_size[{field!r}] must be [[bytes, seconds per byte], ...] with "
+                             f"bytes > 0 rising and seconds >= 0, got {table!r}")
     if spec.get("host_bandwidth") is not None and kind != "flat":
         raise ValueError(f"{where}: host_bandwidth is for a flat topology (ranks on one machine)")
     cores = spec.get("cores")
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
         raise ValueError(f"{where}: cores must be a whole number >= 1 or null")
     return spec
+
+
+BY_SIZE = ("gamma", "copy", "alloc")
+
+
+def rate_at(table, scalar):
+    """seconds per byte for an operation of ``nbytes``: from ``table`` ([[bytes, s/B], ...],
+    interpolated in log bytes, flat beyond its ends) where there is one, else ``scalar``.
+    Memory work costs more per byte once it no longer fits in a cache, so one figure for every
+    size is optimistic for large tensors or pessimistic for small ones."""
+    if not table:
+        return lambda nbytes: scalar
+    xs = [math.log(b) for b, _ in table]
+    ys = [r for _, r in table]
+
+    def rate(nbytes):
+        if nbytes <= table[0][0]:
+            return ys[0]
+        if nbytes >= table[-1][0]:
+            return ys[-1]
+        x = math.log(nbytes)
+        i = bisect.bisect_right(xs, x) - 1
+        return ys[i] + (x - xs[i]) / (xs[i + 1] - xs[i]) * (ys[i + 1] - ys[i])
+    return rate
 
 
 @dataclass
@@ -183,8 +225,18 @@ class Fabric:
     call: float = 0.0
     overhead: float = 0.0
     switch: float = 0.0
+    python: float = 0.0
     copy: float = 0.0
     alloc: float = 0.0
+    gamma_at: object = None       # nbytes -> seconds per byte (``rate_at``)
+    copy_at: object = None
+    alloc_at: object = None
+
+    @property
+    def memory(self):
+        """Whether a rank's own memory work is charged (``copy``, ``alloc`` or their tables)."""
+        tables = self.spec.get("by_size") or {}
+        return bool(self.copy or self.alloc or tables.get("copy") or tables.get("alloc"))
 
     def route(self, src, dst):
         """(link ids, alpha) of a message from ``src`` to ``dst``."""
@@ -226,7 +278,10 @@ def build(spec, n):
         leaves = -(-n // per)
         uplink = per * bw / spec["oversubscription"]
         capacity = [bw] * (2 * n) + [uplink] * (2 * leaves)
-    extra = {field: float(spec.get(field) or 0.0) for field in ("call", "overhead", "switch", "copy", "alloc")}
+    extra = {field: float(spec.get(field) or 0.0)
+             for field in ("call", "overhead", "switch", "copy", "alloc", "python")}
+    tables = spec.get("by_size") or {}
+    extra.update({f"{field}_at": rate_at(tables.get(field), float(spec.get(field) or 0.0)) for field in BY_SIZE})
     return Fabric(spec, n, capacity, float(spec["gamma"]), spec.get("cores"), float(spec.get("wake") or 0.0),
                   **extra)
 
@@ -248,6 +303,8 @@ def describe(spec):
     if spec.get("cores"):
         text += (f", ranks share {spec['cores']} cores (wake-up {spec.get('wake', 0) * 1e6:.3g} us, "
                  f"switch {(spec.get('switch') or 0) * 1e6:.3g} us)")
+    if spec.get("python"):
+        text += f", the algorithms' own code at {spec['python']:g}x its host time"
     if spec.get("overhead"):
         text += f", {spec['overhead'] * 1e6:.3g} us of CPU per message"
     if spec.get("call"):

@@ -25,6 +25,7 @@ import contextlib
 import gc
 import heapq
 import itertools
+import time
 
 import greenlet
 import torch
@@ -58,7 +59,7 @@ class End:
 
 
 class Rank:
-    __slots__ = ("id", "let", "waiting", "left", "finished", "end_time", "error", "debt",
+    __slots__ = ("id", "let", "waiting", "left", "finished", "end_time", "error", "debt", "clock",
                  "sent_messages", "sent_bytes", "recv_messages", "recv_bytes", "reduced_bytes", "steps")
 
     def __init__(self, i):
@@ -73,6 +74,7 @@ class Rank:
         self.reduced_bytes = 0
         self.steps = set()
         self.debt = 0.0               # local work done since the rank last took CPU time for it
+        self.clock = None             # when its code began running on the host (``python``)
 
 
 class World:
@@ -99,6 +101,7 @@ class World:
         self.hub = None
         self.failed = None
         self.quiet = False            # inside a charged reduction: its writes are gamma's
+        self.python = fabric.python   # simulated CPU seconds per host second of a rank's own code
 
     # -- the loop ------------------------------------------------------------------
 
@@ -117,7 +120,7 @@ class World:
             self.at(0.0, rank.let.switch)
         collecting = gc.isenabled()
         gc.disable()   # millions of short-lived records and no cycles among them: the collector only costs
-        memory = MemoryWork(self) if self.fabric.copy or self.fabric.alloc else contextlib.nullcontext()
+        memory = MemoryWork(self) if self.fabric.memory else contextlib.nullcontext()
         try:
             with memory:
                 self._loop()
@@ -147,7 +150,9 @@ class World:
     def _main(self, rank, body):
         def main():
             try:
+                self.resume(rank)
                 body(rank.id)
+                self.pause(rank)
                 self.settle(rank.id)
             except BaseException as exc:  # handed to the loop, which stops the simulation
                 rank.error = exc
@@ -156,8 +161,24 @@ class World:
             rank.end_time = self.now
         return main
 
-    def _block(self):
-        self.hub.switch()
+    def _block(self, rank):
+        if self.python:
+            self.pause(rank)
+            self.hub.switch()
+            self.resume(rank)
+        else:
+            self.hub.switch()
+
+    def pause(self, rank):
+        """Stop timing ``rank``'s own code (``python``): what it ran since :meth:`resume` is
+        added to its debt, to be taken on a core before its next message."""
+        if rank.clock is not None:
+            rank.debt += (time.perf_counter() - rank.clock) * self.python
+            rank.clock = None
+
+    def resume(self, rank):
+        if self.python:
+            rank.clock = time.perf_counter()
 
     # -- time a rank spends ----------------------------------------------------------
 
@@ -185,7 +206,7 @@ class World:
     def compute(self, rank, nbytes):
         """``rank`` reduces ``nbytes``: it is busy gamma * nbytes; the network is not."""
         self.ranks[rank].reduced_bytes += nbytes
-        self.busy(rank, self.fabric.gamma * nbytes)
+        self.busy(rank, self.fabric.gamma_at(nbytes) * nbytes)
 
     def settle(self, rank, seconds=0.0):
         """``rank`` takes CPU time for its local work since it last did (``MemoryWork``) and
@@ -199,8 +220,9 @@ class World:
         """``rank`` works ``seconds`` on a core (queueing for a shared one); its messages in
         flight keep moving."""
         if seconds > 0 or self.cores is not None:
-            self.at(self._cpu(self.now, seconds, rank), self.ranks[rank].let.switch)
-            self._block()
+            r = self.ranks[rank]
+            self.at(self._cpu(self.now, seconds, rank), r.let.switch)
+            self._block(r)
 
     # -- messages ------------------------------------------------------------------
 
@@ -296,7 +318,7 @@ class World:
         for e in left:
             e.watched = True
         r.waiting, r.left = left, len(left)
-        self._block()
+        self._block(r)
 
 
 class SimPending:
@@ -348,11 +370,14 @@ class ChargedOp:
 
     def combine(self, acc, x):
         if not acc.is_meta:
+            rank = self.world.ranks[self.rank]
             self.world.quiet = True
+            self.world.pause(rank)            # its time is gamma's, not the code's
             try:
                 self.red.combine(acc, x)
             finally:
                 self.world.quiet = False
+                self.world.resume(rank)
         self.world.settle(self.rank)
         self.world.compute(self.rank, acc.nbytes)
         return acc
@@ -377,21 +402,26 @@ class MemoryWork(TorchDispatchMode):
         super().__init__()
         self.world = world
         self.ranks = {r.let: r for r in world.ranks}
-        self.copy, self.alloc = world.fabric.copy, world.fabric.alloc
+        self.copy, self.alloc = world.fabric.copy_at, world.fabric.alloc_at
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.is_view or self.world.quiet:
-            return out
         rank = self.ranks.get(greenlet.getcurrent())
-        if rank is None:                  # the loop itself (a message's data landing)
+        timed = rank is not None and rank.clock is not None
+        if timed:                         # this handler is the simulator's work, not the rank's
+            self.world.pause(rank)
+        out = func(*args, **(kwargs or {}))
+        if func.is_view or self.world.quiet or rank is None:   # no rank: the loop (data landing)
+            if timed:
+                self.world.resume(rank)
             return out
         nbytes = sum(t.nbytes for t in (out if isinstance(out, (tuple, list)) else (out,))
                      if isinstance(t, torch.Tensor))
         if func._schema.is_mutable:
-            rank.debt += self.copy * nbytes
+            rank.debt += self.copy(nbytes) * nbytes
         else:
             fresh = func.__name__.split(".")[0] in self.EMPTY
-            rank.debt += self.alloc * nbytes + (0.0 if fresh else self.copy * nbytes)
+            rank.debt += self.alloc(nbytes) * nbytes + (0.0 if fresh else self.copy(nbytes) * nbytes)
+        if timed:
+            self.world.resume(rank)
         return out
 
