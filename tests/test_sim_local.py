@@ -189,3 +189,21 @@ def test_the_simulator_predicts_the_recorded_lab_run():
     rows, median = lab_vs_sim.compare(json.loads(path.read_text()))
     assert len(rows) == 48
     assert median <= 0.10
+
+
+def test_the_recorded_accuracy_run_is_still_predicted(capsys):
+    """docs/benchmarks.md's accuracy run (N=2 and 4, 4K-64M, every algorithm of four
+    collectives, measured here 2026-11-25), calibrated and simulated again by today's model.
+    The benchmark is the judge of the issue's goals (median 15%, p90 35%, 85% of cells); this
+    holds the model near them with room for a slower machine's host time (``python``): the
+    first model, without the machine's figures, scored 39% / 59% on such runs."""
+    import json
+    import pathlib
+
+    from benchmarks import sim_accuracy
+    path = pathlib.Path(__file__).parent.parent / "docs" / "bench" / "sim_accuracy_2cpu.json"
+    d = json.loads(path.read_text())
+    median, p90, agree, cells = sim_accuracy.report(d["rows"], d["p2p"], d["batch"], 2, d["meta"])
+    capsys.readouterr()
+    assert median <= 0.20 and p90 <= 0.40
+    assert agree >= 0.8 * cells
