@@ -104,10 +104,12 @@ def main(argv=None):
     report(rows, p2p, args.batch, meta.get("cores") or os.cpu_count(), meta)
 
 
-def report(rows, p2p, batch, cores, meta):
+def report(rows, p2p, batch, cores, meta, python=None):
     """Calibrate from ``p2p``, simulate ``rows``, print the table and the summary line; return
-    (median, p90, agreeing cells, cells)."""
-    spec = spec_from_p2p(p2p, cores)
+    (median, p90, agreeing cells, cells). ``python``: the calibration's own (None) or another
+    charge for the algorithms' code (0: none, which makes the simulation exact and
+    independent of how busy this machine is now)."""
+    spec = spec_from_p2p(p2p, cores, python)
     print(f"\n# calibrated in this run: {topology.describe(dict(spec, name='local'))}")
     print(f"# {meta.get('cpu', '')}")
     pairs = compare(rows, spec, batch)

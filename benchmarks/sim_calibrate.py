@@ -30,7 +30,7 @@ from collectives.sim import simulate, topology
 from collectives.tuning import cost_model
 
 
-def spec_from_p2p(p2p_rows, cores=None):
+def spec_from_p2p(p2p_rows, cores=None, python=None):
     """A ``local`` topology (dict) from ``pingpong.measure`` rows of one or more world sizes.
 
     The figures are those with which the simulator plays the measured programs out (N ranks
@@ -58,7 +58,8 @@ def spec_from_p2p(p2p_rows, cores=None):
         fits[n] = cost_model.fit([r for r in p2p_rows if r["world_size"] == n])
         fits[n].update(api_figures(p2p_rows, n))
     small = min(fits)
-    lat = latencies(fits, cores)
+    python = PYTHON if python is None else python
+    lat = latencies(fits, cores, python)
     mine = [r for r in p2p_rows if r["world_size"] == small]
     copy, alloc = memory_rates(mine)
     one = seconds_per_byte(mine, "pingpong_oneway_us") or fits[small]["beta"]
@@ -67,7 +68,7 @@ def spec_from_p2p(p2p_rows, cores=None):
     spec = {
         "kind": "flat", **lat, "bandwidth": 1.0 / one,
         "host_bandwidth": max(host, 0.5 / one),
-        "gamma": fits[small]["gamma"], "cores": cores, "python": PYTHON,
+        "gamma": fits[small]["gamma"], "cores": cores, "python": python,
         "copy": copy, "alloc": alloc, "by_size": memory_tables(mine),
         "calibrated": {"when": datetime.datetime.now().isoformat(timespec="seconds"),
                        "machine": common.machine_info("python -m benchmarks.sim_calibrate"),
@@ -99,7 +100,7 @@ PYTHON = 1.0     # a rank's own code costs on this machine what it costs the sim
 LATENCY_FIELDS = ("alpha", "overhead", "wake", "call", "switch")
 
 
-def latencies(fits, cores, python=PYTHON):
+def latencies(fits, cores, python):
     """{alpha, overhead, wake, call, switch}: the figures with which the simulator best plays
     out what was measured (least squares of log(predicted / measured), all >= 0).
 

@@ -148,7 +148,7 @@ def measured(truth, cores):
 def test_the_calibration_plays_a_known_machine_back():
     truth = {"alpha": 20e-6, "overhead": 10e-6, "wake": 40e-6, "call": 100e-6, "switch": 15e-6}
     fits = measured(truth, 2)
-    found = sim_calibrate.latencies(fits, 2, python=0.0)   # host time would make it noisy
+    found = sim_calibrate.latencies(fits, 2, 0.0)   # host time would make it noisy
     again = measured(found, 2)
     for n in fits:
         for field, want in fits[n].items():
@@ -193,17 +193,19 @@ def test_the_simulator_predicts_the_recorded_lab_run():
 
 def test_the_recorded_accuracy_run_is_still_predicted(capsys):
     """docs/benchmarks.md's accuracy run (N=2 and 4, 4K-64M, every algorithm of four
-    collectives, measured here 2026-11-25), calibrated and simulated again by today's model.
-    The benchmark is the judge of the issue's goals (median 15%, p90 35%, 85% of cells); this
-    holds the model near them with room for a slower machine's host time (``python``): the
-    first model, without the machine's figures, scored 39% / 59% on such runs."""
+    collectives, measured here 2026-11-25), calibrated and simulated again by today's model,
+    meets the issue's goals: median |error| <= 15%, p90 <= 35%, the fastest agreeing in >= 85%
+    of the cells. Without ``python`` (the host time of the algorithms' own code), so that the
+    replay is exact and does not depend on how busy the machine running the tests is; the
+    benchmark itself charges it. (The first model, without the machine's figures, scored
+    39% / 59% on such runs.)"""
     import json
     import pathlib
 
     from benchmarks import sim_accuracy
     path = pathlib.Path(__file__).parent.parent / "docs" / "bench" / "sim_accuracy_2cpu.json"
     d = json.loads(path.read_text())
-    median, p90, agree, cells = sim_accuracy.report(d["rows"], d["p2p"], d["batch"], 2, d["meta"])
+    median, p90, agree, cells = sim_accuracy.report(d["rows"], d["p2p"], d["batch"], 2, d["meta"], python=0.0)
     capsys.readouterr()
-    assert median <= 0.20 and p90 <= 0.40
-    assert agree >= 0.8 * cells
+    assert median <= 0.15 and p90 <= 0.35
+    assert agree >= 0.85 * cells
