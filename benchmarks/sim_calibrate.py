@@ -113,21 +113,21 @@ def latencies(fits, cores, python):
     spreads the misfit instead of letting one difference of two noisy figures decide a
     parameter. Nelder-Mead on the square roots (which keeps them >= 0)."""
     batch = pingpong.API_BATCH
-    targets = []                          # (collective, function or name, n, divide by, measured s)
+    targets = []          # (collective, function or name, n, divide by, through the API, measured s)
     for n, f in fits.items():
-        targets.append(("broadcast", _pingpong, n, 2, f["alpha"]))
-        targets.append(("broadcast", _ring_exchange, n, 1, f["alpha_ring"]))
+        targets.append(("broadcast", _pingpong, n, 2, False, f["alpha"]))
+        targets.append(("broadcast", _ring_exchange, n, 1, False, f["alpha_ring"]))
         for field, (collective, algorithm) in pingpong.API_CALLS.items():
             if f.get(field):
-                targets.append((collective, algorithm, n, 1, f[field]))
+                targets.append((collective, algorithm, n, 1, True, f[field]))
 
     def loss(x):
         spec = {name: v * v for name, v in zip(LATENCY_FIELDS, x)}
         spec.update(kind="flat", bandwidth=1e12, gamma=0.0, cores=cores, python=python, name="fit")
-        total = 0.0
         door_only = dict(spec, call=0.0)        # the point-to-point programs skip the API
-        for collective, fn, n, per, measured in targets:
-            got = simulate(collective, fn, n, pingpong.API_BYTES, spec if isinstance(fn, str) else door_only,
+        total = 0.0
+        for collective, fn, n, per, api, measured in targets:
+            got = simulate(collective, fn, n, pingpong.API_BYTES, spec if api else door_only,
                            calls=batch).time / per
             total += math.log(max(got, 1e-12) / measured) ** 2
         return total

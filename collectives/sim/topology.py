@@ -15,23 +15,26 @@ for each pair of ranks, the route (link ids) and the per-message latency alpha. 
   leaf's uplink carries ``ranks_per_leaf * bandwidth / oversubscription`` per direction
   (1 = full bisection, 4 = four ranks' worth of traffic per uplink's worth).
 
-Every kind also has ``gamma`` (seconds per reduced byte), and optionally ``cores`` (how
-many cores the ranks share: None, a core each) and ``wake`` (seconds of CPU a rank needs
-to wake up after waiting) and ``switch`` (seconds more when a core turns from one rank to
-another: a context switch and a cold cache), for machines with more ranks than cores, as
-``local`` is, and
-``call`` (seconds of CPU each rank spends on a collective call before its first message:
-the API's checks and set-up) and ``overhead`` (seconds of CPU a rank spends posting each
-message, LogP's *o*: the door's checks and the transport's set-up; it delays the rank, not
-the wire), ``copy`` (seconds per byte a rank's own torch operations write: copies,
-concatenations, fills) and ``alloc`` (seconds more per byte of new memory they touch
-first); ``by_size`` may give ``gamma``, ``copy`` and ``alloc`` per size instead, as
-[[bytes, seconds per byte], ...] (memory work slows once it no longer fits in a cache);
-and ``python`` (simulated seconds of CPU per second of host time a rank's own code
-takes in the simulator between its messages: the simulator runs the algorithm's code, so
-on the machine it models, ``local``, 1 charges each rank what its Python costs; it makes
-times vary a little from run to run, as host time does). All are 0 by default; a network's
-presets leave them out (their ranks are GPUs whose time goes to the network).
+Every kind also has ``gamma`` (seconds per reduced byte). Optional figures describe the
+machine the ranks run on; all are 0 (or absent) by default, and the network presets leave
+them out (their ranks are GPUs, whose time goes to the network):
+
+* ``cores`` (how many cores the ranks share: None, a core each), ``wake`` (seconds of CPU
+  a rank needs to wake up after waiting) and ``switch`` (seconds more when a core turns
+  from one rank to another: a context switch and a cold cache), for machines with more
+  ranks than cores, as ``local`` is;
+* ``call`` (seconds of CPU each rank spends on a collective call before its first message:
+  the API's checks and set-up) and ``overhead`` (seconds of CPU a rank spends posting each
+  message, LogP's *o*: the door's checks and the transport's set-up; it delays the rank,
+  not the wire);
+* ``copy`` (seconds per byte a rank's own torch operations write: copies, concatenations,
+  fills) and ``alloc`` (seconds more per byte of new memory they touch first); ``by_size``
+  may give ``gamma``, ``copy`` and ``alloc`` per size instead, as [[bytes, seconds per
+  byte], ...] (memory work slows once it no longer fits in a cache);
+* ``python`` (simulated seconds of CPU per second of host time a rank's own code takes in
+  the simulator between its messages: the simulator runs the algorithm's code, so on the
+  machine it models, ``local``, 1 charges each rank what its Python costs; it makes times
+  vary a little from run to run, as host time does).
 
 A ``flat`` topology may also have ``host_bandwidth``: ranks on one machine talking over
 its loopback, as ``local`` does, move every byte with that machine's CPUs and memory, so
@@ -83,7 +86,8 @@ FIELDS = {
     "nodes": ("alpha", "bandwidth", "gamma", "ranks_per_node", "intra_alpha", "intra_bandwidth", "nic"),
     "fat_tree": ("alpha", "bandwidth", "gamma", "ranks_per_leaf", "oversubscription"),
 }
-OPTIONAL = ("cores", "wake", "switch", "call", "python", "by_size", "overhead", "copy", "alloc", "host_bandwidth", "source", "name", "calibrated")
+MACHINE = ("wake", "switch", "call", "python", "overhead", "copy", "alloc", "host_bandwidth")
+OPTIONAL = ("cores", "by_size", "source", "name", "calibrated") + MACHINE
 
 
 def calibration_path():
@@ -164,7 +168,7 @@ def validate(spec):
             raise ValueError(f"{where}: {field} must be above 0")
         if field in ("ranks_per_node", "ranks_per_leaf") and (int(value) != value or value < 1):
             raise ValueError(f"{where}: {field} must be a whole number >= 1")
-    for field in ("wake", "switch", "call", "python", "overhead", "copy", "alloc", "host_bandwidth"):
+    for field in MACHINE:
         value = spec.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
                                   or (field == "host_bandwidth" and value <= 0)):

@@ -91,16 +91,17 @@ class World:
         self.unmatched = {}           # (src, dst, step, nbytes) -> [ends], oldest first
         self.send_free = [0.0] * self.n   # when each rank's next message set-up can begin
         self.recv_free = [0.0] * self.n
-        self.cores = [0.0] * fabric.cores if fabric.cores else None
-        if self.cores is not None:
-            self.core_free = self.cores            # when each core is next free
-            self.core_last = [None] * fabric.cores  # the rank it ran last
-            self.core_of = [None] * self.n          # the core each rank ran on last
+        # where ranks share cores: when each core is next free, the rank it ran last, and the
+        # core each rank ran on last (None: a core each)
+        self.core_free = [0.0] * fabric.cores if fabric.cores else None
+        if self.core_free is not None:
+            self.core_last = [None] * fabric.cores
+            self.core_of = [None] * self.n
         self.real_data = real_data
         self.watching = observers.watched()
         self.hub = None
         self.failed = None
-        self.quiet = False            # inside a charged reduction: its writes are gamma's
+        self.quiet = False            # inside aside(): writes not counted
         self.python = fabric.python   # simulated CPU seconds per host second of a rank's own code
 
     # -- the loop ------------------------------------------------------------------
@@ -180,6 +181,18 @@ class World:
         if self.python:
             rank.clock = time.perf_counter()
 
+    @contextlib.contextmanager
+    def aside(self, rank):
+        """Work ``rank``'s code does that the model charges otherwise or not at all (making a
+        call's inputs; a reduction, which is gamma's): not timed, its writes not counted."""
+        self.quiet = True
+        self.pause(rank)
+        try:
+            yield
+        finally:
+            self.quiet = False
+            self.resume(rank)
+
     # -- time a rank spends ----------------------------------------------------------
 
     def _cpu(self, t, seconds, rank):
@@ -187,18 +200,18 @@ class World:
         or a shared one. A rank keeps the core it ran on last if that core is free by ``t``
         (as a scheduler keeps a thread where its cache is); taking a core that last ran
         another rank costs ``switch`` more (a context switch, and a cache that is not its)."""
-        cores = self.cores
-        if cores is None:
+        free = self.core_free
+        if free is None:
             return t + seconds
         own = self.core_of[rank]
-        if own is not None and self.core_free[own] <= t:
+        if own is not None and free[own] <= t:
             core = own
         else:
-            core = min(range(len(cores)), key=self.core_free.__getitem__)
-        start = max(t, self.core_free[core])
+            core = min(range(len(free)), key=free.__getitem__)
+        start = max(t, free[core])
         if self.core_last[core] not in (None, rank):
             start += self.fabric.switch
-        self.core_free[core] = start + seconds
+        free[core] = start + seconds
         self.core_last[core] = rank
         self.core_of[rank] = core
         return start + seconds
@@ -219,7 +232,7 @@ class World:
     def busy(self, rank, seconds):
         """``rank`` works ``seconds`` on a core (queueing for a shared one); its messages in
         flight keep moving."""
-        if seconds > 0 or self.cores is not None:
+        if seconds > 0 or self.core_free is not None:
             r = self.ranks[rank]
             self.at(self._cpu(self.now, seconds, rank), r.let.switch)
             self._block(r)
@@ -235,14 +248,13 @@ class World:
             # posting costs the rank CPU (the door's checks, the transport's set-up), per
             # message, after the local work it did since its last message
             messages = list(messages)
-            for kind, _, peer, _ in messages:
-                self._check_peer(rank, step, kind, peer, collective, algorithm)
             self.settle(rank, self.fabric.overhead * len(messages))
         now, unmatched = self.now, self.unmatched
         ends = []
         for kind, tensor, peer, nbytes in messages:
             if peer.__class__ is not int or not 0 <= peer < n or peer == rank:
-                self._check_peer(rank, step, kind, peer, collective, algorithm)
+                raise ValueError(f"collectives.{collective}/{algorithm}: rank {rank} step {step}: "
+                                 f"{kind} peer {peer!r} is not another rank of 0..{n - 1}")
             end = End(kind, rank, peer, step, nbytes, tensor, now, collective, algorithm)
             ends.append(end)
             key = (rank, peer, step, nbytes) if kind == "send" else (peer, rank, step, nbytes)
@@ -257,12 +269,6 @@ class World:
             else:
                 unmatched[key] = [end]
         return ends
-
-    def _check_peer(self, rank, step, kind, peer, collective, algorithm):
-        n = self.n
-        if peer.__class__ is not int or not 0 <= peer < n or peer == rank:
-            raise ValueError(f"collectives.{collective}/{algorithm}: rank {rank} step {step}: "
-                             f"{kind} peer {peer!r} is not another rank of 0..{n - 1}")
 
     def _match(self, a, b):
         send, recv = (a, b) if a.kind == "send" else (b, a)
@@ -305,7 +311,7 @@ class World:
 
     def _wake(self, rank, now):
         rank.waiting = None
-        if self.cores is not None or self.fabric.wake:
+        if self.core_free is not None or self.fabric.wake:
             self.at(self._cpu(now, self.fabric.wake, rank.id), rank.let.switch)
         else:
             rank.let.switch()   # on at once: it runs until it waits again, then we are back here
@@ -370,14 +376,8 @@ class ChargedOp:
 
     def combine(self, acc, x):
         if not acc.is_meta:
-            rank = self.world.ranks[self.rank]
-            self.world.quiet = True
-            self.world.pause(rank)            # its time is gamma's, not the code's
-            try:
+            with self.world.aside(self.world.ranks[self.rank]):
                 self.red.combine(acc, x)
-            finally:
-                self.world.quiet = False
-                self.world.resume(rank)
         self.world.settle(self.rank)
         self.world.compute(self.rank, acc.nbytes)
         return acc
