@@ -34,7 +34,10 @@ class Network:
     def __init__(self, world, capacity):
         self.world = world
         self.capacity = capacity
-        self.active = {}          # link -> set of flows on it
+        # link -> the flows on it, in the order they started: a dict, not a set, so that flows
+        # are rescheduled in the same order in every run (a set's order follows memory
+        # addresses, and equal finish times then break ties differently from run to run)
+        self.active = {}
 
     def start(self, links, nbytes, done, *args):
         """Begin moving ``nbytes`` over ``links`` now; call ``done(*args)`` when the last byte lands."""
@@ -49,7 +52,7 @@ class Network:
             # the common case (a ring on a switch): alone on every link, nobody else to slow down
             rate = None
             for link in links:
-                active[link] = {flow}
+                active[link] = {flow: None}
                 cap = self.capacity[link]
                 if rate is None or cap < rate:
                     rate = cap
@@ -59,19 +62,19 @@ class Network:
             return
         touched = self._settle(links, now)
         for link in links:
-            active.setdefault(link, set()).add(flow)
-        touched.add(flow)
+            active.setdefault(link, {})[flow] = None
+        touched[flow] = None
         self._reschedule(touched, now)
 
     def _settle(self, links, now):
         """Bring the flows on ``links`` up to ``now`` at their old rates."""
-        touched = set()
+        touched = {}
         for link in links:
             for f in self.active.get(link, ()):
                 if f not in touched:
                     f.remaining -= f.rate * (now - f.last)
                     f.last = now
-                    touched.add(f)
+                    touched[f] = None
         return touched
 
     def _reschedule(self, flows, now):
@@ -91,7 +94,7 @@ class Network:
         links = flow.links
         for link in links:
             on = self.active[link]
-            on.discard(flow)
+            del on[flow]
             if not on:
                 del self.active[link]
         flow.version += 1
