@@ -236,7 +236,7 @@ def main(argv=None):
     common.add_size_flags(p, b="4", e="4M", f=8)
     common.add_timing_flags(p, n=20, w=2)
     common.add_world_flags(p, default="2,4")
-    p.add_argument("--batch", type=int, default=0, help="calls per iteration (0: up to 32 for small sizes)")
+    p.add_argument("--batch", type=common.whole(0), default=0, help="calls per iteration (0: up to 32 for small sizes)")
     p.add_argument("--no-store", action="store_true", help="print the figures, do not store them")
     args = common.finish_parsing(p, p.parse_args(argv))
     if min(args.world_size) < 2:
