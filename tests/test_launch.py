@@ -222,3 +222,27 @@ def _exits_badly(rank, world_size):
 def test_a_rank_that_exits_with_an_error_status_fails_the_world():
     with pytest.raises(launch.WorldError, match="rank 1"):
         launch.run_in_group(_exits_badly, 3, start_method="forkserver", preload=["tests.worlds"], timeout=60)
+
+
+def _exits_badly_and_a_peer_notices_first():
+    import os
+    import time
+    rank = launch.place()[0]
+    if rank == 1:
+        os._exit(3)
+    if rank == 2:
+        # What gloo raises in a peer of a rank that exited during connectFullMesh (CI, stop 31):
+        # it reaches the launcher before the launcher has waited long enough to call rank 1 silent.
+        time.sleep(0.2)
+        raise RuntimeError("Gloo connectFullMesh failed with [gloo/transport/tcp/pair.cc:561] "
+                           "Connection closed by peer [127.0.0.1]:13014. This is typically caused "
+                           "by a remote worker crashing.")
+    time.sleep(5)
+    return rank
+
+
+def test_a_rank_that_exits_badly_is_the_cause_though_a_peer_reports_first():
+    with pytest.raises(launch.WorldError, match=r"^rank 1 of 3 died \(exit code 3\)") as caught:
+        launch.start_world(_exits_badly_and_a_peer_notices_first, 3, start_method="forkserver",
+                           preload=["tests.worlds"], timeout=60)
+    assert caught.value.rank == 1 and set(caught.value.errors) == {1, 2}

@@ -283,14 +283,24 @@ def _how_it_ended(code):
     return f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
 
 
+# How a rank's traceback says it failed because a peer went away, not for its own reason: our
+# own CollectiveError, and gloo's words when a peer exits while the mesh is being connected.
+_PEER_LOST = ("CollectiveError", "Connection closed by peer", "Connection reset by peer")
+
+
+def _lost_a_peer(tb):
+    return any(words in tb for words in _PEER_LOST)
+
+
 def _report(errors, first, world_size):
     """Name the rank that caused the failure, with its traceback, once.
 
-    When one rank dies, its peers fail too, with a CollectiveError about the
-    lost connection, and the launcher may hear from one of them first. The
-    cause is the rank that failed for another reason.
+    When one rank dies, its peers fail too, with a CollectiveError (or gloo's
+    own words) about the lost connection, and the launcher may hear from one
+    of them first. The cause is the rank that failed for another reason, or
+    died saying nothing.
     """
-    secondary = {r for r, tb in errors.items() if isinstance(tb, str) and "CollectiveError" in tb}
+    secondary = {r for r, tb in errors.items() if isinstance(tb, str) and _lost_a_peer(tb)}
     in_order = sorted(errors, key=lambda r: r != first)
     # a rank that a survivor's error found silent or dead, and that said nothing itself (stopped,
     # hung): it is the cause, though the first to give up was the one that timed out waiting
@@ -447,9 +457,11 @@ def _start(fn, world_size, args, env, timeout, start_method, preload, lab):
                         errors.setdefault(rank, value)
                 except queue.Empty:
                     pass
+            # A rank that has exited with an error status and said nothing may be the cause the
+            # first report came from (its peers can report before it has been silent for long);
+            # none has been stopped yet, so every such status is the rank's own.
             for r, p in enumerate(procs):
-                if r not in errors and r not in out and p.exitcode and p.exitcode < 0 \
-                        and p.exitcode != -signal.SIGTERM:
+                if r not in errors and r not in out and p.exitcode:
                     errors[r] = ("died", p.exitcode)
             cause, text = _report(errors, first, world_size)
             raise WorldError(text, cause, errors)
