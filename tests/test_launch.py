@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pytest
+import torch.distributed as dist
 
 from collectives.tools import launch
 from tests.test_train import REPO, SMALL, check_ok, mnist_env, needs_mnist, run_train
@@ -202,6 +203,9 @@ def test_a_world_leaves_no_environment_in_the_fork_server(tmp_path):
 
 def _leaves_early(rank, world_size):
     import os
+    # Every pair of the mesh connected first: a rank that leaves inside init_process_group's
+    # connecting fails a peer still connecting to it (gloo: "Connection closed by peer").
+    dist.barrier()
     if rank == 1:
         os._exit(0)                       # finished, as torchrun would judge it, with no result
     return rank
@@ -214,6 +218,7 @@ def test_a_rank_that_exits_cleanly_has_finished():
 
 def _exits_badly(rank, world_size):
     import os
+    dist.barrier()      # as in _leaves_early: the exit status alone is what fails the world
     if rank == 1:
         os._exit(3)
     return rank
