@@ -86,7 +86,8 @@ FIELDS = {
     "nodes": ("alpha", "bandwidth", "gamma", "ranks_per_node", "intra_alpha", "intra_bandwidth", "nic"),
     "fat_tree": ("alpha", "bandwidth", "gamma", "ranks_per_leaf", "oversubscription"),
 }
-MACHINE = ("wake", "switch", "call", "python", "overhead", "copy", "alloc", "host_bandwidth")
+CPU = ("wake", "switch", "call", "python", "overhead")      # a rank's CPU time (Fabric's fields)
+MACHINE = CPU + ("copy", "alloc", "host_bandwidth")
 OPTIONAL = ("cores", "by_size", "source", "name", "calibrated") + MACHINE
 
 
@@ -223,16 +224,13 @@ class Fabric:
     spec: dict
     n: int
     capacity: list
-    gamma: float
     cores: object
-    wake: float
-    call: float = 0.0
-    overhead: float = 0.0
+    wake: float = 0.0             # the CPU figures (``CPU``): seconds; python, per host second
     switch: float = 0.0
+    call: float = 0.0
     python: float = 0.0
-    copy: float = 0.0
-    alloc: float = 0.0
-    gamma_at: object = None       # nbytes -> seconds per byte (``rate_at``)
+    overhead: float = 0.0
+    gamma_at: object = None       # nbytes -> seconds per byte (``rate_at``), one per ``BY_SIZE``
     copy_at: object = None
     alloc_at: object = None
 
@@ -240,7 +238,7 @@ class Fabric:
     def memory(self):
         """Whether a rank's own memory work is charged (``copy``, ``alloc`` or their tables)."""
         tables = self.spec.get("by_size") or {}
-        return bool(self.copy or self.alloc or tables.get("copy") or tables.get("alloc"))
+        return any(self.spec.get(field) or tables.get(field) for field in ("copy", "alloc"))
 
     def route(self, src, dst):
         """(link ids, alpha) of a message from ``src`` to ``dst``."""
@@ -282,12 +280,10 @@ def build(spec, n):
         leaves = -(-n // per)
         uplink = per * bw / spec["oversubscription"]
         capacity = [bw] * (2 * n) + [uplink] * (2 * leaves)
-    extra = {field: float(spec.get(field) or 0.0)
-             for field in ("call", "overhead", "switch", "copy", "alloc", "python")}
+    cpu = {field: float(spec.get(field) or 0.0) for field in CPU}
     tables = spec.get("by_size") or {}
-    extra.update({f"{field}_at": rate_at(tables.get(field), float(spec.get(field) or 0.0)) for field in BY_SIZE})
-    return Fabric(spec, n, capacity, float(spec["gamma"]), spec.get("cores"), float(spec.get("wake") or 0.0),
-                  **extra)
+    rates = {f"{field}_at": rate_at(tables.get(field), float(spec.get(field) or 0.0)) for field in BY_SIZE}
+    return Fabric(spec, n, capacity, spec.get("cores"), **cpu, **rates)
 
 
 def describe(spec):
