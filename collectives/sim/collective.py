@@ -204,6 +204,8 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         raise ValueError(f"world_size must be a whole number >= 1, got {n!r}")
     if collective in ROOTED and not 0 <= root < n:
         raise ValueError(f"root={root} is out of range for {n} ranks")
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a whole number >= 1, got {calls!r}")
     spec = topologies.load(topology)
     fabric = topologies.build(spec, n)
     item = torch.empty(0, dtype=dtype).element_size()
@@ -213,9 +215,6 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
     check = device != "meta" if check is None else check
     world = World(fabric, real_data=device != "meta")
     outputs = [None] * n
-
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise ValueError(f"calls must be a whole number >= 1, got {calls!r}")
 
     def body(r):
         for _ in range(calls):

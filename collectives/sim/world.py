@@ -410,18 +410,18 @@ class MemoryWork(TorchDispatchMode):
         if timed:                         # this handler is the simulator's work, not the rank's
             self.world.pause(rank)
         out = func(*args, **(kwargs or {}))
-        if func.is_view or self.world.quiet or rank is None:   # no rank: the loop (data landing)
-            if timed:
-                self.world.resume(rank)
-            return out
-        nbytes = sum(t.nbytes for t in (out if isinstance(out, (tuple, list)) else (out,))
-                     if isinstance(t, torch.Tensor))
-        if func._schema.is_mutable:
-            rank.debt += self.copy(nbytes) * nbytes
-        else:
-            fresh = func.__name__.split(".")[0] in self.EMPTY
-            rank.debt += self.alloc(nbytes) * nbytes + (0.0 if fresh else self.copy(nbytes) * nbytes)
+        if not (func.is_view or self.world.quiet or rank is None):   # no rank: the loop (data landing)
+            rank.debt += self.charge(func, out)
         if timed:
             self.world.resume(rank)
         return out
+
+    def charge(self, func, out):
+        """Seconds of memory work for ``func``, which wrote ``out``."""
+        nbytes = sum(t.nbytes for t in (out if isinstance(out, (tuple, list)) else (out,))
+                     if isinstance(t, torch.Tensor))
+        if func._schema.is_mutable:
+            return self.copy(nbytes) * nbytes
+        fresh = func.__name__.split(".")[0] in self.EMPTY
+        return self.alloc(nbytes) * nbytes + (0.0 if fresh else self.copy(nbytes) * nbytes)
 
