@@ -53,19 +53,18 @@ def spec_from_p2p(p2p_rows, cores=None, python=None):
       so the host time it takes between a rank's messages is what it costs that rank here.
     """
     cores = cores or os.cpu_count()
-    fits = {}
-    for n in sorted({r["world_size"] for r in p2p_rows}):
-        fits[n] = cost_model.fit([r for r in p2p_rows if r["world_size"] == n])
-        fits[n].update(api_figures(p2p_rows, n))
+    by_n = {}
+    for r in p2p_rows:
+        by_n.setdefault(r["world_size"], []).append(r)
+    fits = {n: {**cost_model.fit(rows), **api_figures(rows)} for n, rows in sorted(by_n.items())}
     small = min(fits)
     python = PYTHON if python is None else python
     lat = latencies(fits, cores, python)
-    mine = [r for r in p2p_rows if r["world_size"] == small]
+    mine = by_n[small]
     copy, alloc = memory_rates(mine)
     one = seconds_per_byte(mine, "pingpong_oneway_us") or fits[small]["beta"]
-    host = min(n / (seconds_per_byte([r for r in p2p_rows if r["world_size"] == n], "ring_exchange_us")
-                    or fits[n]["beta_ring"]) for n in fits)
-    spec = {
+    host = min(n / (seconds_per_byte(by_n[n], "ring_exchange_us") or fits[n]["beta_ring"]) for n in fits)
+    return {
         "kind": "flat", **lat, "bandwidth": 1.0 / one,
         "host_bandwidth": max(host, 0.5 / one),
         "gamma": fits[small]["gamma"], "cores": cores, "python": python,
@@ -76,7 +75,6 @@ def spec_from_p2p(p2p_rows, cores=None, python=None):
         "source": f"calibrated on this machine by python -m benchmarks.sim_calibrate "
                   f"({datetime.date.today().isoformat()}, N={','.join(map(str, fits))})",
     }
-    return spec
 
 
 def _pingpong(comm, tensor, root):
@@ -211,11 +209,10 @@ def memory_tables(rows):
     return {k: v for k, v in tables.items() if v}
 
 
-def api_figures(p2p_rows, n):
-    """{field: median seconds} of ``pingpong.API_CALLS`` for world size ``n`` (empty if not measured)."""
-    mine = [r for r in p2p_rows if r["world_size"] == n]
-    return {field: statistics.median(r[field] for r in mine) * 1e-6
-            for field in pingpong.API_CALLS if all(r.get(field) for r in mine)}
+def api_figures(rows):
+    """{field: median seconds} of ``pingpong.API_CALLS`` in one world size's rows (empty if not measured)."""
+    return {field: statistics.median(r[field] for r in rows) * 1e-6
+            for field in pingpong.API_CALLS if all(r.get(field) for r in rows)}
 
 
 def _worker(args, rank, n, device):
