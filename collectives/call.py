@@ -266,6 +266,9 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
     def door(seq, name, algorithm, description):
         comm = Comm(info, name, algorithm, seq, description, call.timeout, involved=involved, lane=lane)
         comm.record = entry
+        agreement = agreed.known(info)
+        if agreement is not None:
+            comm.pids = agreement.local_pids
         return comm
 
     def explained(comm, exc):

@@ -239,6 +239,9 @@ class Comm(Door):
         # what the tags hash: the description, unless the call says what must pair instead
         self.call_tag = call_hash(f"{seq}|{tag_text or self.description}")
         self.record = None    # the call's flight-recorder entry (collectives.flight_recorder)
+        # per group rank, the pid of a peer on this host (the group's agreement), else None:
+        # a transport that can watch a peer's process (shared memory) reads it
+        self.pids = None
 
     @property
     def hosts(self):

@@ -93,10 +93,14 @@ class Agreement:
         settings: per group rank, the settings it was started with (``{name: text}``).
         hosts: per group rank, a host number (0, 1, ...: in order of first appearance):
             ranks with the same number share a host and its memory.
+        local_pids: per group rank, its process id where it shares this rank's host, else None.
     """
 
-    def __init__(self, tables_, settings, hosts):
+    def __init__(self, tables_, settings, hosts, pids=None, me=None):
         self.tables, self.settings, self.hosts = tables_, settings, tuple(hosts)
+        # the pids of the ranks on this rank's host (None elsewhere): a dead one is seen at once
+        self.local_pids = tuple(p if me is not None and h == hosts[me] else None
+                                for h, p in zip(hosts, pids or [None] * len(hosts)))
 
 
 def _host_numbers(identities):
@@ -121,7 +125,7 @@ def _unpack(buf):
 def _identity(settings):
     shown = {k: (v if len(v) <= 1000 else v[:1000] + "... sha1 " + hashlib.sha1(v.encode()).hexdigest())
              for k, v in settings.items()}
-    return {"settings": shown, "host": host_identity()}
+    return {"settings": shown, "host": host_identity(), "pid": os.getpid()}
 
 
 def agree(comm, settings=None):
@@ -152,7 +156,8 @@ def agree(comm, settings=None):
     t = agreed["tables"]
     return Agreement(Tables(t["mine"], t["shipped"], agreed["whose"], t["place"], t["where"]),
                      [i["settings"] for i in agreed["identities"]],
-                     _host_numbers([i["host"] for i in agreed["identities"]]))
+                     _host_numbers([i["host"] for i in agreed["identities"]]),
+                     [i.get("pid") for i in agreed["identities"]], me)
 
 
 def _check_settings(ranks, each):
