@@ -240,3 +240,51 @@ def test_gloo_ranks_share_a_gpu_with_cuda_tensors(tmp_path, tmp_path_factory):
                       *SMALL], mnist_env(tmp_path_factory))
     check_ok(proc)
     assert "backend gloo, device cuda" in proc.stdout
+
+
+def refusal(argv, monkeypatch):
+    """What ``python -m collectives.train ARGV`` says when it stops before any rank starts."""
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("a rank was started")
+    monkeypatch.setattr(cli.launch, "run_job", no_ranks)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(argv)
+    return str(stopped.value.code)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--batch-size", "-4"], "--batch-size must be at least 1, got -4"),
+    (["--bucket-cap-mb", "0"], "--bucket-cap-mb must be a positive number, got 0.0"),
+    (["--bucket-cap-mb", "nan"], "--bucket-cap-mb must be a positive number, got nan"),
+    (["--lr", "nan"], "--lr must be a finite number >= 0, got nan"),
+    (["--lr", "inf"], "--lr must be a finite number >= 0, got inf"),
+    (["--lr", "-0.1"], "--lr must be a finite number >= 0, got -0.1"),
+    (["--momentum", "nan"], "--momentum must be a finite number >= 0, got nan"),
+    (["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0, got -1.0"),
+    (["--subset", "0"], "--subset must be at least 1, got 0"),
+    (["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    (["--max-steps", "0"], "--max-steps must be at least 1, got 0"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every must be at least 0, got -1"),
+    (["--threads", "0"], "--threads must be at least 1, got 0"),
+])
+def test_a_bad_argument_is_one_line_naming_it_before_any_rank(argv, named, tmp_path, monkeypatch):
+    said = refusal(["--world-size", "2", "--out", str(tmp_path), *argv], monkeypatch)
+    assert said == f"collectives.train: {named}", said
+    assert not (tmp_path / "train.lock").exists()
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda p: p.write_bytes(os.urandom(4096)), "cannot be read as a checkpoint"),
+    (lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]), "cannot be read as a checkpoint"),
+    (lambda p: torch.save({}, p), "is not a checkpoint of collectives.train: it has no model, optimizer"),
+    (lambda p: torch.save([1, 2], p), "is not a checkpoint of collectives.train: it holds a list"),
+])
+def test_a_damaged_checkpoint_is_one_line_naming_the_file(damage, what, tmp_path, monkeypatch):
+    fake_checkpoint(tmp_path, ["--epochs", "3"])
+    path = tmp_path / "checkpoint.pt"
+    damage(path)
+    said = refusal(["--world-size", "2", "--out", str(tmp_path), "--resume", "--epochs", "3"], monkeypatch)
+    assert said.startswith(f"collectives.train: --resume: {path} ") and what in said, said
+    assert "delete it" in said and len(said.splitlines()) == 1, said
