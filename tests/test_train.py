@@ -158,6 +158,52 @@ def test_stale_lock_is_taken_over(tmp_path, tmp_path_factory):
     assert not (tmp_path / "train.lock").exists()       # released at the end
 
 
+TRIALS = 60
+
+
+def _racer(outs, barrier, held):
+    """Take each trial's stale lock at the same moment as the other racer; note each success."""
+    from collectives.tools.launch import SetupError
+    from collectives.train.lock import acquire_lock, release_lock
+    sys.stdout = open(os.devnull, "w")      # the takeover notices
+    for trial, out in enumerate(outs):
+        barrier.wait()
+        try:
+            lock = acquire_lock(out)
+        except SetupError:
+            lock = None
+        if lock is not None:
+            held.put((trial, os.getpid()))
+        barrier.wait()                      # both have tried while the winner holds it
+        if lock is not None:
+            release_lock(lock)
+
+
+def test_two_processes_restarted_together_never_both_take_a_stale_lock(tmp_path):
+    import multiprocessing
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    outs = []
+    for trial in range(TRIALS):
+        write_lock(tmp_path / str(trial), int(dead.stdout))
+        outs.append(str(tmp_path / str(trial)))
+    ctx = multiprocessing.get_context("fork")
+    barrier, held = ctx.Barrier(2, timeout=60), ctx.Queue()
+    racers = [ctx.Process(target=_racer, args=(outs, barrier, held)) for _ in range(2)]
+    for r in racers:
+        r.start()
+    for r in racers:
+        r.join(120)
+    assert [r.exitcode for r in racers] == [0, 0]
+    holders = {}
+    while not held.empty():
+        trial, pid = held.get()
+        holders.setdefault(trial, []).append(pid)
+    both = sorted(t for t, pids in holders.items() if len(pids) > 1)
+    assert not both, f"in {len(both)} of {TRIALS} trials both processes held the lock: {both}"
+    assert sorted(holders) == list(range(TRIALS)), "a stale lock was taken by neither"
+
+
 def fake_checkpoint(out, argv, epoch=1, steps=4):
     """A checkpoint as a run with ``argv`` would leave it after ``epoch`` epochs."""
     args = cli.parse_args(["--out", str(out), *argv])
