@@ -58,16 +58,27 @@ def test_a_corrupt_tuning_table_names_the_file_and_what_is_wrong(case, tmp_path,
         tuning.reload()
 
 
-def test_this_machines_damaged_table_is_named_too(tmp_path, monkeypatch):
+@pytest.mark.parametrize("content, wrong", [('{"choices": {"all_reduce"', "it is not JSON"),
+                                             ('[["all_reduce", "ring"]]', "a JSON array, not an object")])
+def test_this_machines_damaged_cache_is_named_once_and_the_shipped_table_used(content, wrong, tmp_path,
+                                                                             monkeypatch):
+    # The per-user cache is disposable (collectives-tune writes it again): a damaged one must not
+    # make every algorithm=None call raise, as it did.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("COLLECTIVES_TUNING_TABLE", raising=False)
+    tuning.reload()
+    shipped_choice = [tuning.choose("all_reduce", size, n) for size in (64, 2 ** 20) for n in (2, 4)]
     os.makedirs(os.path.dirname(tuning.cache_path()))
     with open(tuning.cache_path(), "w") as f:
-        f.write('{"choices": {"all_reduce"')          # cut short
+        f.write(content)
     tuning.reload()
     try:
-        with pytest.raises(ValueError, match=r"this machine's tuning table .* is damaged: it is not JSON"):
-            tuning.choose("all_reduce", 4096, 2)
+        with pytest.warns(RuntimeWarning) as warned:
+            chosen = [tuning.choose("all_reduce", size, n) for size in (64, 2 ** 20) for n in (2, 4)]
+            chosen += [tuning.choose("all_reduce", size, n) for size in (64, 2 ** 20) for n in (2, 4)]
+        assert chosen == shipped_choice * 2
+        [message] = [str(w.message) for w in warned]           # once, not per call
+        assert tuning.cache_path() in message and wrong in message and "shipped" in message, message
     finally:
         tuning.reload()
 
