@@ -99,6 +99,34 @@ def test_a_damaged_mnist_file_is_named_and_called_damaged(tmp_path):
         data_root(str(tmp_path), download=True)
 
 
+def _idx(path, dims):
+    """An IDX file as MNIST's (big-endian magic 0x08 0x0N, the dims, then uint8 values)."""
+    import struct
+    values = 1
+    for d in dims:
+        values *= d
+    path.write_bytes(struct.pack(f">I{len(dims)}I", 0x800 + len(dims), *dims) + bytes(values))
+
+
+def test_a_truncated_unpacked_mnist_file_is_named_before_any_rank_reads_it(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in data.FILES:
+        _idx(raw / name, [3, 28, 28] if "images" in name else [3])
+    assert data.prepare_mnist(str(tmp_path), download=False) == str(tmp_path)     # whole: accepted
+    damaged = raw / "train-images-idx3-ubyte"
+    damaged.write_bytes(damaged.read_bytes()[:-100])
+    with pytest.raises(data.DamagedFile) as info:
+        data.prepare_mnist(str(tmp_path), download=False)
+    said = str(info.value)
+    assert said.startswith(f"{damaged} is damaged: ") and "truncated" in said, said
+    assert "it has 2,268 bytes, its header promises 2,368" in said, said
+    assert "delete it" in said and "download" in said, said
+    from collectives.train.loop import data_root
+    with pytest.raises(SetupError, match="is damaged"):
+        data_root(str(tmp_path), download=True)
+
+
 # --- --out: full, read-only -----------------------------------------------------------------------
 
 def _full_disk(obj, path, *args, **kwargs):
