@@ -334,3 +334,15 @@ def test_a_damaged_checkpoint_is_one_line_naming_the_file(damage, what, tmp_path
     said = refusal(["--world-size", "2", "--out", str(tmp_path), "--resume", "--epochs", "3"], monkeypatch)
     assert said.startswith(f"collectives.train: --resume: {path} ") and what in said, said
     assert "delete it" in said and len(said.splitlines()) == 1, said
+
+
+def test_resume_with_another_powersgd_rank_is_refused(tmp_path):
+    # The checkpoint's Qs have r columns: another --powersgd-rank is another run.
+    fake_checkpoint(tmp_path, ["--compression", "powersgd", "--powersgd-rank", "2"])
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["args"]
+    now = cli.parse_args(["--out", str(tmp_path), "--compression", "powersgd", "--powersgd-rank", "4"])
+    assert checkpoint.resume_differences(saved, now) == ["--powersgd-rank: 2 in the checkpoint, 4 now"]
+    same = cli.parse_args(["--out", str(tmp_path), "--compression", "powersgd", "--powersgd-rank", "2"])
+    assert checkpoint.resume_differences(saved, same) == []
+    del saved["powersgd_rank"]          # a checkpoint written before the flag existed: r = 4 then
+    assert checkpoint.resume_differences(saved, now) == []

@@ -131,6 +131,10 @@ def resume_differences(saved, args):
     now = vars(args)
     lines = [f"--{k.replace('_', '-')}: {saved.get(k)!r} in the checkpoint, {now[k]!r} now"
              for k in MUST_MATCH if saved.get(k) != now[k]]
+    if now.get("compression") == "powersgd":     # PowerSGD's Qs have r columns
+        old = saved.get("powersgd_rank", 4)          # 4: the default before the flag was saved
+        if old != now["powersgd_rank"]:
+            lines.append(f"--powersgd-rank: {old!r} in the checkpoint, {now['powersgd_rank']!r} now")
     for k in MAY_RAISE:
         old, new = saved.get(k), now[k]
         lowered = new is not None and (old is None or new < old)
