@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import socket
+import warnings
 
 from .. import settings
 from ..algorithms import ALGORITHMS
@@ -146,7 +147,12 @@ def shipped():
 
 @functools.lru_cache(maxsize=None)
 def measured_here():
-    """This machine's measured table, or {} if ``collectives-tune`` has not run here."""
+    """This machine's measured table, or {} if ``collectives-tune`` has not run here.
+
+    The table is a cache in the user's cache folder, disposable: a damaged one (not JSON,
+    or JSON of the wrong shape) is named in one warning per process (this function's
+    cache) and the shipped table is used instead; it made every ``algorithm=None`` call raise.
+    """
     if settings.tuning_table():
         return {}
     path = cache_path()
@@ -155,9 +161,17 @@ def measured_here():
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise ValueError(f"this machine's tuning table {path} is damaged: it is not JSON ({exc}). Delete it, "
-                         f"or measure a new one with python -m benchmarks.tune") from None
-    return _checked(path, table, "this machine's tuning table")
+        return _unusable(f"this machine's tuning table {path} is damaged: it is not JSON ({exc})")
+    wrong = problem(table)
+    if wrong:
+        return _unusable(f"this machine's tuning table {path} is damaged: {wrong}")
+    return table
+
+
+def _unusable(why):
+    warnings.warn(f"{why}. Using the shipped table instead; delete the file, or measure a new one "
+                  f"with python -m benchmarks.tune", RuntimeWarning, stacklevel=3)
+    return {}
 
 
 def forget():
