@@ -185,3 +185,23 @@ def _store_refused_world(rank, n):
 
 def test_the_check_catches_a_store_call():
     assert all(run_world(_store_refused_world, 2, timeout=120))
+
+
+def _default_device_world(rank, n):
+    """A program that set torch's default device elsewhere (a GPU, in tests/test_gpu.py; here
+    'meta', which no transport sends) still agrees: the agreement's buffers name their device."""
+    from collectives.group import group_info
+    from collectives.p2p_communications import Comm
+    from collectives.tuning import agreed
+    info = group_info(dist.new_group(list(range(n))), "test")
+    torch.set_default_device("meta")
+    try:
+        found = agreed.of(info, lambda: Comm(info, "agree", "agreement", 0, "agree(test)"))
+    finally:
+        torch.set_default_device(None)
+    return found.hosts, found.local_pids[rank] == __import__("os").getpid()
+
+
+def test_the_agreement_ignores_the_default_device():
+    for hosts, mine in run_world(_default_device_world, 3, timeout=120):
+        assert hosts == (0, 0, 0) and mine

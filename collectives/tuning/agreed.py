@@ -108,18 +108,18 @@ def _host_numbers(identities):
     return [seen.setdefault(i, len(seen)) for i in identities]
 
 
-def _pack(obj, size=None):
+def _pack(obj, device, size=None):
     raw = json.dumps(obj, sort_keys=True).encode()
     if size is not None and len(raw) > size:
         raise ValueError(f"collectives: a group's agreement entry is {len(raw)} bytes, over {size}")
-    buf = torch.zeros(size or len(raw), dtype=torch.uint8)
+    buf = torch.zeros(size or len(raw), dtype=torch.uint8, device="cpu")
     if raw:
         buf[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    return buf
+    return buf.to(device)
 
 
 def _unpack(buf):
-    return json.loads(bytes(buf.tolist()).rstrip(b"\0").decode())
+    return json.loads(bytes(buf.cpu().tolist()).rstrip(b"\0").decode())
 
 
 def _identity(settings):
@@ -135,21 +135,24 @@ def agree(comm, settings=None):
     ``ValueError`` naming each rank's value, raised on every rank alike).
     """
     n, me = comm.size, comm.rank
-    mine = _pack(_identity(settings or {}), IDENTITY_BYTES)
+    # explicit devices: a program may have set torch's default device to a GPU, and an NCCL
+    # group sends GPU memory only
+    device = torch.device("cuda", torch.cuda.current_device()) if comm.nccl else torch.device("cpu")
+    mine = _pack(_identity(settings or {}), device, IDENTITY_BYTES)
     if me == 0:
-        boxes = {p: torch.empty(IDENTITY_BYTES, dtype=torch.uint8) for p in range(1, n)}
+        boxes = {p: torch.empty(IDENTITY_BYTES, dtype=torch.uint8, device=device) for p in range(1, n)}
         comm.exchange(_IDENTITY_STEP, recvs=[(b, p) for p, b in boxes.items()])
         identities = [_unpack(mine)] + [_unpack(boxes[p]) for p in range(1, n)]
         first = comm.ranks[0]
         body = _pack({"tables": local(f"rank {first}'s machine").fields(), "identities": identities,
-                      "whose": f"rank {first}'s machine"})
-        length = torch.tensor([body.numel()], dtype=torch.int64)
+                      "whose": f"rank {first}'s machine"}, device)
+        length = torch.tensor([body.numel()], dtype=torch.int64, device=device)
     else:
         comm.exchange(_IDENTITY_STEP, sends=[(mine, 0)])
-        length = torch.zeros(1, dtype=torch.int64)
+        length = torch.zeros(1, dtype=torch.int64, device=device)
     broadcast(comm, length, 0, step0=_LENGTH_STEP)
     if me != 0:
-        body = torch.empty(int(length.item()), dtype=torch.uint8)
+        body = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
     broadcast(comm, body, 0, step0=_BODY_STEP)
     agreed = _unpack(body)
     _check_settings(comm.ranks, [i["settings"] for i in agreed["identities"]])
