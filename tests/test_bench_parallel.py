@@ -33,3 +33,12 @@ def test_fsdp_memory_holds_s_over_n_at_rest_and_one_more_layer_at_the_peak(capfd
     row = [line.split() for line in capfd.readouterr().out.splitlines() if line.strip().startswith("2 ")][0]
     rest, s_over_n, peak, plus_one, _, after = row[1:]
     assert rest == s_over_n == after and peak == plus_one
+
+
+@pytest.mark.slow
+def test_zigzag_balance_prints_both_layouts_beside_the_model(capfd):
+    from benchmarks import zigzag_balance
+    zigzag_balance.main(["--world-size", "2", "--seq", "64", "-n", "1", "-w", "0"])
+    rows = [line.split() for line in capfd.readouterr().out.splitlines() if line.strip().startswith("2 ")]
+    assert [r[1] for r in rows] == ["plain", "zigzag"]
+    assert [r[-2] for r in rows] == ["1.33", "1.00"]      # busiest/mean of the score entries: 2N/(N+1), 1
