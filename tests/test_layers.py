@@ -23,7 +23,7 @@ LAYERS = [
     ("around the door", ["desync", "engine", "tuning/"]),
     ("the call path", ["call", "api", "tensor_api", "p2p_api"]),
     ("built on the collectives", ["backend/", "parallel/", "tools/", "sim/"]),
-    ("applications", ["train/", "__init__"]),
+    ("applications", ["train/", "plan/", "__init__"]),
 ]
 
 
