@@ -38,23 +38,44 @@ def _concurrency(msgs, links):
 
 
 def _wrong(rec, steps, index, decode):
-    """The first chunk whose provenance went wrong: (text, frame, rank, cell), or None."""
+    """The first chunk whose provenance went wrong: dict(text, frame, rank, cell), or None.
+
+    First in simulated time: a contribution arriving twice (in a buffer, or in a message on
+    its way); else, at the end, a cell whose contributions are not the ones promised."""
     n = rec["n"]
     if rec["mode"] is None or rec["failure"]:
         return None
+    seen = {}
+
+    def twice(v):
+        if v not in seen:
+            seen[v] = [(q, k) for q, k in decode(v).items() if k > 1]
+        return seen[v]
     events = []
-    for t, r, cell, cells in rec["notes"]:
+    for t, r, cell, cells, step, values in rec["notes"]:
         if cells:
-            c = (cell or 0) + cells[0]
-            events.append((t, 0, r, c, f"rank {r}, cell {c}: a contribution arrives that this chunk already holds "
-                                       f"(counted twice here)"))
-    for r in range(n):
-        for t, s, values in rec["snapshots"][r]:
-            for c, v in enumerate(values):
-                twice = [q for q, k in decode(v).items() if k > 1]
-                if twice:
-                    events.append((t, index[s], r, c, f"rank {r}, cell {c}: rank {twice[0]}'s contribution is counted "
-                                                      f"{decode(v)[twice[0]]} times here"))
+            c = cell + cells[0] if cell is not None else -1
+            many = twice(values[cells[0]]) if rec["mode"] == "nibbles" else []
+            who = f"rank {many[0][0]}'s contribution is counted {many[0][1]} times" if many else \
+                f"rank {min(decode(values[cells[0]]))}'s contribution arrives a second time"
+            where = f"cell {c} of its output" if cell is not None else "a buffer of its own (not its output)"
+            events.append((t, index.get(step, 0), r, c, f"rank {r}, {where}: {who} here"))
+    if rec["mode"] == "nibbles":     # a sum shows a second arrival as a digit of 2
+        for r in range(n):
+            for t, s, values in rec["snapshots"][r]:
+                for c, v in enumerate(values):
+                    if twice(v):
+                        q, k = twice(v)[0]
+                        events.append((t, index[s], r, c, f"rank {r}, cell {c}: rank {q}'s contribution is "
+                                                              f"counted {k} times here"))
+                        break
+        for m in rec["messages"]:
+            for v in m["values"] or ():
+                if twice(v):
+                    q, k = twice(v)[0]
+                    events.append((m["start"], index[m["step"]], m["src"], m["src_cell"] or 0,
+                                   f"the message rank {m['src']} sends rank {m['dst']} at step {m['step']} counts "
+                                   f"rank {q}'s contribution {k} times"))
                     break
     if events:
         t, f, r, c, text = min(events)
@@ -66,8 +87,10 @@ def _wrong(rec, steps, index, decode):
             got = decode(v)
             if set(got) != w or any(k != 1 for k in got.values()):
                 missing, extra = sorted(w - set(got)), sorted(set(got) - w)
+                many = [(q, k) for q, k in got.items() if k > 1]
                 what = (f"rank {missing[0]}'s contribution is missing" if missing else
-                        f"rank {extra[0]}'s contribution should not be here" if extra else "a contribution is counted twice")
+                        f"rank {extra[0]}'s contribution should not be here" if extra else
+                        f"rank {many[0][0]}'s contribution is counted {many[0][1]} times")
                 return dict(text=f"rank {r}, cell {c}: {what} at the end", frame=len(steps), rank=r, cell=c)
     return None
 
@@ -106,7 +129,11 @@ def build(rec):
                      -1 if m["src_cell"] is None else m["src_cell"], -1 if m["dst_cell"] is None else m["dst_cell"],
                      m["cells"], [link_ids.index(x) for x in m["links"]]])
     links = [dict(name=link_name(fabric, x), flows=flows[x]) for x in link_ids]
-    data = dict(kind="collective", title=f"{rec['collective']} / {rec['algorithm']} on {n} ranks",
+    from .record import STRIDE
+    names = rec.get("names")
+    labels = [f"{names[s // STRIDE]}, step {s % STRIDE}" if names else str(s) for s in steps]
+    title = rec.get("title") or f"{rec['collective']} / {rec['algorithm']} on {n} ranks"
+    data = dict(kind="collective", title=title, labels=labels,
                 collective=rec["collective"], algorithm=rec["algorithm"], n=n, root=rec["root"], mode=rec["mode"],
                 topology=dict(kind=rec["topology"]["kind"], text=fabric.describe(),
                               per=rec["topology"].get("ranks_per_node") or rec["topology"].get("ranks_per_leaf") or n),

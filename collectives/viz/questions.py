@@ -25,19 +25,20 @@ def collective_questions(d):
         return qs
     r = 1 if n > 1 else 0
     mine = [m for m in msgs if m[0] == r]
+    label = d["labels"]
     if mine:
         k = mine[len(mine) // 2][2]
         at = [m for m in mine if m[2] == k]
         if len(at) == 1:
             m = at[0]
-            qs.append(_q(f"At step {k}, to which rank does rank {r} send?", m[1],
-                         f"the run's message of step {k} from rank {r} goes to rank {m[1]}"))
+            qs.append(_q(f"At step {label[k]}, to which rank does rank {r} send?", m[1],
+                         f"the run's message of step {label[k]} from rank {r} goes to rank {m[1]}"))
             if m[7] >= 0:
-                qs.append(_q(f"At step {k}, which cell (counting from 0) of its buffer does rank {r} send?", m[7],
+                qs.append(_q(f"At step {label[k]}, which cell (counting from 0) of its buffer does rank {r} send?", m[7],
                              f"it sends {m[9]} element(s) starting at cell {m[7]}"))
             if m[6] >= 0 and d["mode"]:
                 c = ranks_in(d["provs"][m[6]], d["mode"], n)
-                qs.append(_q(f"The chunk rank {r} sends at step {k}: how many ranks' contributions does it hold?", c,
+                qs.append(_q(f"The chunk rank {r} sends at step {label[k]}: how many ranks' contributions does it hold?", c,
                              "read off its colour: one stripe per contribution"))
     sent = sum(m[3] for m in msgs if m[0] == r)
     qs.append(_q(f"How many bytes does rank {r} send in the whole call?", sent,
@@ -50,7 +51,7 @@ def collective_questions(d):
     qs.append(_q("How many bytes cross the busiest link?", per_link[busiest],
                  f"the busiest link is {d['links'][busiest]['name']}", unit="B"))
     qs.append(_q("How many logical steps does the call take?", len(steps),
-                 f"the steps the run's messages carry: {steps[0]}..{steps[-1]}"))
+                 f"the steps the run's messages carry: {label[0]} to {label[-1]}"))
     qs.append(_q("How long does the call take on this network, in microseconds (within 10%)?",
                  round(d["time"] * 1e6, 3), "the simulated clock when the last rank finished", tolerance=0.1,
                  unit="us"))

@@ -28,11 +28,15 @@ from ..sim.world import SimDoor, SimulationError, World
 
 MAX_RANKS = 256        # above it: an error (a page of that many boxes is a picture of nothing)
 DETAIL_RANKS = 64      # above it: a summary page (no chunks: 64 bits of provenance per element)
+STRIDE = 1 << 20       # a program's step (call c, step s) is c * STRIDE + s
 MAX_MESSAGES = 40000   # above it: an error before the page is built (the page stays under 2 MB)
 
 
 class TooLarge(ValueError):
     """The run cannot be drawn (too many ranks or messages): the message says what to do."""
+
+
+TWICE = torch.tensor(int("e" * 15, 16), dtype=torch.int64)   # bits 1-3 of every hex digit (digit 15 is rank 15's: none)
 
 
 def mode_for(n):
@@ -71,10 +75,15 @@ class Provenance:
         if self.mode == "bits":
             both = acc & x
             if bool(both.any()):
-                self.notes.append((self.world.now, self.rank, acc, both.clone()))
+                snaps = self.world.snapshots[self.rank]
+                self.notes.append((self.world.now, self.rank, acc, both.clone(), snaps[-1][1] if snaps else 0, both.clone()))
             acc.bitwise_or_(x)
         else:
             acc.add_(x)
+            high = acc & TWICE      # a hex digit of 2 or more: a contribution arrived again
+            if bool(high.any()):
+                snaps = self.world.snapshots[self.rank]
+                self.notes.append((self.world.now, self.rank, acc, high, snaps[-1][1] if snaps else 0, acc.clone()))
         return acc
 
 
@@ -154,6 +163,7 @@ class VizWorld(World):
         self.snapshots = [[] for _ in range(self.n)]   # per rank: (time, step, [values])
         self.carried = {}                     # id(end) -> what a send carried / where a recv lands
         self.done = []
+        self.call = [0] * self.n              # per rank: which of its calls runs (a program's steps are (call, step))
 
     def state(self, rank):
         outs = self.outputs[rank]
@@ -170,22 +180,22 @@ class VizWorld(World):
         return sum(t.numel() for t in outs[:i]) + j
 
     def post(self, rank, step, sends, recvs, collective, algorithm):
-        self.snapshots[rank].append((self.now, step, self.state(rank)))
+        self.snapshots[rank].append((self.now, self.call[rank] * STRIDE + step, self.state(rank)))
         ends = super().post(rank, step, sends, recvs, collective, algorithm)
         for end in ends:
             t = end.tensor
             cell = self.cell_of(rank, t)
             values = None if t.is_meta else [int(x) for x in t.reshape(-1).tolist()]
-            self.carried[id(end)] = (cell, t.numel(), values)
+            self.carried[id(end)] = (cell, t.numel(), values, self.call[rank] * STRIDE + step)
         return ends
 
     def _complete(self, send, recv):
         if len(self.done) >= self.limit:
             raise TooLarge(f"more than {self.limit} messages: too many to draw; choose a smaller world")
-        sc, sn, values = self.carried.pop(id(send))
-        rc, _, _ = self.carried.pop(id(recv))
+        sc, sn, values, step = self.carried.pop(id(send))
+        rc, _, _, _ = self.carried.pop(id(recv))
         links, _ = self.fabric.route(send.rank, recv.rank)
-        self.done.append(dict(src=send.rank, dst=recv.rank, step=send.step, nbytes=send.nbytes,
+        self.done.append(dict(src=send.rank, dst=recv.rank, step=step, nbytes=send.nbytes,
                               start=max(send.posted, recv.posted), end=self.now, links=list(links),
                               values=values, src_cell=sc, dst_cell=rc, cells=sn))
         super()._complete(send, recv)
@@ -246,6 +256,56 @@ def record(collective, algorithm, world_size, topology="ethernet-100g", root=0):
     final = [world.state(r) for r in range(n)]
     return dict(kind="collective", collective=collective, algorithm=name, n=n, root=root,
                 mode=mode, topology=spec, fabric=fabric, messages=world.done, snapshots=world.snapshots,
-                final=final, want=want, notes=[(t, r, world.cell_of(r, acc), [i for i, b in enumerate(both.tolist()) if b])
-                                               for t, r, acc, both in notes],
+                final=final, want=want, notes=[(t, r, world.cell_of(r, acc), [i for i, b in enumerate(both.tolist()) if b], s, v.tolist())
+                                               for t, r, acc, both, s, v in notes],
                 failure=failure, time=max([r.end_time for r in world.ranks] + [m["end"] for m in world.done] + [0.0]))
+
+
+def record_program(title, world_size, calls, topology="ethernet-100g", names=None):
+    """Record several calls one after the other on the same simulated ranks (a parallelism's
+    communication: FSDP's gathers and reduce-scatters, MoE's all_to_all, ...).
+
+    Args:
+        calls: ``calls(r, mode)`` returns rank r's list of ``(collective, algorithm, args, outs,
+            want)``: the algorithm (a registered name or a function) called as
+            ``fn(comm, *args)``, its outputs to draw, the provenance each output cell must have.
+        names: a label per call, for the step slider.
+    """
+    n = world_size
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, got {n!r}")
+    if n > DETAIL_RANKS:
+        raise TooLarge(f"world_size {n}: a parallelism's page draws its chunks, so at most {DETAIL_RANKS} ranks")
+    spec = topologies.load(topology)
+    fabric = topologies.build(spec, n)
+    mode = mode_for(n)
+    world = VizWorld(fabric, True, mode, MAX_MESSAGES)
+    notes, want = [], [None] * n
+    failure = None
+
+    def body(r):
+        plan = calls(r, mode)
+        world.outputs[r] = [t for _, _, _, outs, _ in plan for t in outs]
+        want[r] = [w for _, _, _, _, ws in plan for w in ws]
+        for i, (collective, algorithm, args, _, _) in enumerate(plan):
+            world.call[r] = i
+            name, fn = resolve_algorithm(collective, algorithm)
+            if collective in REDUCING:
+                args = list(args) + [Provenance(mode, world, r, notes)]
+            if n > 1:
+                fn(SimDoor(world, r, collective, name), *args)
+
+    with observers.trace():
+        try:
+            world.run(body)
+        except Deadlock as exc:
+            failure = {"kind": "deadlock", "type": exc.kind, "report": str(exc),
+                       "cycle": [dict(rank=int(r), kind=end.kind, peer=int(end.peer), step=int(end.step),
+                                      nbytes=int(end.nbytes)) for r, end in exc.cycle]}
+    final = [world.state(r) for r in range(n)]
+    return dict(kind="collective", collective=title, algorithm="", n=n, root=0, mode=mode, topology=spec,
+                fabric=fabric, messages=world.done, snapshots=world.snapshots, final=final, want=want,
+                notes=[(t, r, world.cell_of(r, acc), [i for i, b in enumerate(both.tolist()) if b], s, v.tolist())
+                       for t, r, acc, both, s, v in notes],
+                failure=failure, names=names,
+                time=max([r.end_time for r in world.ranks] + [m["end"] for m in world.done] + [0.0]))
