@@ -141,4 +141,7 @@ def build(rec):
                 failure=rec["failure"], wrong=None, summary=rec["mode"] is None)
     data["wrong"] = _wrong(rec, steps, index, dec)
     data["questions"] = collective_questions(data)
+    if rec["failure"] and rec["failure"]["kind"] == "deadlock":
+        from .questions import deadlock_questions
+        data["questions"] += deadlock_questions(data)
     return data

@@ -72,5 +72,8 @@ def pipeline_questions(d):
 
 def deadlock_questions(d):
     cyc = d["failure"]["cycle"]
+    first = cyc[0]
     return [_q("How many ranks are on the wait-for cycle?", len(cyc),
-               f"the simulator names a {d['failure']['type']} cycle")]
+               f"the simulator names a {d['failure']['type']} cycle"),
+            _q(f"Rank {first['rank']} waits forever: for which rank?", first["peer"],
+               f"it waits to {first['kind']} {first['nbytes']} B at step {first['step']}; that rank waits in turn")]

@@ -22,7 +22,7 @@ import torch
 from .. import observers
 from ..algorithms import REGISTRY
 from ..sim import topology as topologies
-from ..sim.collective import PIECES, REDUCING, ROOTED, resolve_algorithm
+from ..sim.collective import REDUCING, ROOTED, local, resolve_algorithm
 from ..sim.deadlock import Deadlock
 from ..sim.world import SimDoor, SimulationError, World
 
@@ -231,12 +231,7 @@ def record(collective, algorithm, world_size, topology="ethernet-100g", root=0):
         args, outs, expect = inputs(collective, r, n, root, mode, device)
         world.outputs[r], want[r] = outs, expect
         if n == 1:
-            if collective in ("scatter", "gather", "all_gather", "reduce_scatter", "all_to_all"):
-                dst = outs[0]
-                src = {"scatter": lambda: args[1][0], "gather": lambda: args[0],
-                       "all_gather": lambda: args[1], "reduce_scatter": lambda: args[1][0],
-                       "all_to_all": lambda: args[1][0]}[collective]()
-                dst.copy_(src)
+            local(collective, args)      # as api.py does a group of one: at most a copy
             return
         if collective in REDUCING:
             args.append(Provenance(mode, world, r, notes))
@@ -292,8 +287,10 @@ def record_program(title, world_size, calls, topology="ethernet-100g", names=Non
             name, fn = resolve_algorithm(collective, algorithm)
             if collective in REDUCING:
                 args = list(args) + [Provenance(mode, world, r, notes)]
-            if n > 1:
+            if n > 1 or callable(algorithm):     # a function of one's own runs even alone
                 fn(SimDoor(world, r, collective, name), *args)
+            else:
+                local(collective, args)
 
     with observers.trace():
         try:
