@@ -194,3 +194,11 @@ def test_page_writes_a_file_and_the_cli_draws_a_function(tmp_path):
     mine.write_text("from tests.test_viz import deadlocking as all_reduce\n")
     assert cli.main(["all_reduce", "--function", f"{mine}:all_reduce", "-n", "3", "-o", str(tmp_path / "d.html")]) == 3
     assert "send-send" in (tmp_path / "d.html").read_text()
+
+
+def test_the_simulators_html_flag_draws_the_first_point(tmp_path):
+    from collectives.sim import cli as sim_cli
+    out = tmp_path / "sim.html"
+    assert sim_cli.main(["--collective", "broadcast", "--algorithm", "binomial_tree", "--world-size", "6",
+                         "-b", "4K", "-e", "4K", "--root", "2", "--html", str(out)]) == 0
+    assert "broadcast / binomial_tree on 6 ranks" in out.read_text()
