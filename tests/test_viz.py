@@ -202,3 +202,10 @@ def test_the_simulators_html_flag_draws_the_first_point(tmp_path):
     assert sim_cli.main(["--collective", "broadcast", "--algorithm", "binomial_tree", "--world-size", "6",
                          "-b", "4K", "-e", "4K", "--root", "2", "--html", str(out)]) == 0
     assert "broadcast / binomial_tree on 6 ranks" in out.read_text()
+
+
+def test_the_graders_page_sets_the_learners_run_beside_the_reference(tmp_path):
+    path, mine = viz.side_by_side("all_reduce", deadlocking, 3, tmp_path / "g.html")
+    text = path.read_text()
+    assert mine["failure"]["type"] == "send-send"
+    assert "yours: all_reduce / deadlocking on 3 ranks" in text and "reference: all_reduce / naive_ring" in text

@@ -62,4 +62,30 @@ def show(collective, algorithm, world_size, height=720, **kwargs):
                 f'border:1px solid #ccc"></iframe>')
 
 
-__all__ = ["MAX_MESSAGES", "MAX_RANKS", "TooLarge", "data", "page", "show"]
+__all__ = ["MAX_MESSAGES", "MAX_RANKS", "TooLarge", "data", "page", "show", "side_by_side"]
+
+
+def side_by_side(collective, solution, world_size, path, reference=None, topology="ethernet-100g", root=0):
+    """The learner's run next to the reference's, in one self-contained file (what the grader's
+    ``--html FILE`` writes): ``solution`` is the learner's function (the algorithm modules'
+    signature), ``reference`` a registered name (default: the collective's first).
+
+    Returns:
+        (path, learner's page data): the data's ``failure`` (a deadlock's cycle) and ``wrong``
+        (the first chunk whose provenance went wrong) say what the page shows.
+    """
+    import html as _html
+    from pathlib import Path
+
+    from ..algorithms import REGISTRY
+    reference = reference or next(iter(REGISTRY[collective]))
+    mine = data(collective, solution, world_size, topology, root)
+    ref = data(collective, reference, world_size, topology, root)
+    frames = "".join(
+        f'<div style="flex:1;min-width:600px"><h2>{_html.escape(label)}</h2><iframe srcdoc="'
+        f'{_html.escape(render.html(d), quote=True)}" style="width:100%;height:1400px;border:1px solid #ccc">'
+        f'</iframe></div>' for label, d in (("yours: " + mine["title"], mine), ("reference: " + ref["title"], ref)))
+    Path(path).write_text(f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_html.escape(mine["title"])}'
+                          f'</title></head><body style="font:14px system-ui;margin:8px"><div style="display:flex;gap:8px;'
+                          f'flex-wrap:wrap">{frames}</div></body></html>', encoding="utf-8")
+    return Path(path), mine
