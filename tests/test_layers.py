@@ -24,7 +24,7 @@ LAYERS = [
     ("the call path", ["call", "api", "tensor_api", "p2p_api"]),
     ("built on the collectives", ["backend/", "parallel/", "tools/", "sim/"]),
     ("pictures of runs", ["viz/"]),
-    ("applications", ["train/", "__init__", "sim.cli", "sim.__main__"]),
+    ("applications", ["train/", "__init__", "sim.cli", "sim.__main__", "viz.cli", "viz.__main__", "viz.shots"]),
 ]
 
 
