@@ -365,10 +365,10 @@ def all_to_all(output_tensor_list: List[torch.Tensor], input_tensor_list: List[t
     # not this rank's byte count: with uneven pieces the ranks' counts differ, and each must run
     # the same algorithm (docs/errors.md); the group's size is what every member knows
     algo = call.choose(None)
-    if algo == "bruck" and any(t.numel() != like.numel()
+    if algo == "bruck" and call.size == 1 and any(t.numel() != like.numel()
                                for t in (*input_tensor_list, *output_tensor_list)):
-        # Bruck forwards pieces through ranks that neither send nor receive them, and those
-        # cannot know an uneven piece's size (algorithm=None never picks bruck)
+        # alone, nobody waits; with peers, bruck's own first messages agree on the pieces so
+        # that every rank refuses them, not only those that hold uneven ones (its card)
         raise ValueError(f"{call.where}: algorithm='bruck' needs pieces of one size (every "
                          f"input and output tensor with {like.numel()} elements); for uneven "
                          f"pieces use 'linear' or 'pairwise'")

@@ -59,8 +59,10 @@ def test_bruck_takes_ceil_log2_steps_for_any_n(n):
     ag = cost("all_gather", "bruck", n, s, ELEM)
     assert (ag.steps, ag.messages, ag.sent_bytes) == (ceil_log2(n), ceil_log2(n), (n - 1) * s // n)
     a2a = cost("all_to_all", "bruck", n, s, ELEM)
-    assert (a2a.steps, a2a.messages) == (ceil_log2(n), ceil_log2(n))
-    assert a2a.sent_bytes == sum(len([i for i in range(n) if i & (1 << k)]) for k in range(ceil_log2(n))) * s // n
+    # and as many steps before, of 16 bytes per rank's pair, that agree on the pieces
+    assert (a2a.steps, a2a.messages) == (2 * ceil_log2(n), 2 * ceil_log2(n))
+    assert a2a.sent_bytes == (sum(len([i for i in range(n) if i & (1 << k)]) for k in range(ceil_log2(n))) * s // n
+                              + 16 * (n - 1))
 
 
 def test_hierarchical_layout():
@@ -68,8 +70,7 @@ def test_hierarchical_layout():
     assert hier.layout(4, 2, hosts=[0, 1, 0, 1]) == ([[0, 2], [1, 3]], 0, 1)     # interleaved
     assert hier.layout(3, 1) == ([[0, 1, 2]], 0, 1)                               # one host
     assert hier.layout(2, 1, hosts=(0, 1)) == ([[0], [1]], 1, 0)
-    with pytest.raises(ValueError, match=r"do not tile its hosts \(ranks per host: \[2, 2, 1\]"):
-        hier.layout(5, 0, ranks_per_host=2)
+    assert hier.layout(5, 4, ranks_per_host=2) == ([[0, 1], [2, 3], [4]], 2, 0)     # uneven
     with pytest.raises(ValueError, match="ranks_per_host must be a positive int"):
         hier.layout(4, 0, ranks_per_host=0)
     with pytest.raises(ValueError, match="names 3 ranks, the group has 4"):
@@ -169,16 +170,14 @@ def layout_world(rank, n, local):
         out["interleaved ring"] = across(rank, lambda g: g % 2, lambda: collectives.all_reduce(x(), algorithm="ring"))
         # groups of some of the world's ranks take their layout from their global ranks
         pair = dist.new_group([0, 2])           # hosts 0 and 1, one rank each
-        three = dist.new_group([0, 1, 2])       # 2 ranks on host 0, 1 on host 1: refused
+        three = dist.new_group([0, 1, 2])       # 2 ranks on host 0, 1 on host 1: uneven
         if rank in (0, 2):
             t = torch.arange(5.0) + rank
             collectives.all_reduce(t, group=pair, algorithm="hierarchical")
             assert torch.equal(t, 2 * torch.arange(5.0) + 2)
         if rank < 3:
-            with pytest.raises(ValueError, match="do not tile its hosts"):
-                collectives.all_reduce(torch.ones(5), group=three, algorithm="hierarchical")
             t = torch.ones(5)
-            collectives.all_reduce(t, group=three, algorithm="ring")   # the group is still usable
+            collectives.all_reduce(t, group=three, algorithm="hierarchical")
             assert torch.equal(t, torch.full((5,), 3.0))
     return out
 
@@ -208,23 +207,23 @@ def test_hierarchical_on_hosts(n, local):
 
 
 def refuse_world(rank, n):
-    os.environ["LOCAL_WORLD_SIZE"] = "2"        # hosts of 2, 2, 1: does not tile 5 ranks
-    with pytest.raises(ValueError, match=r"5 ranks do not tile its hosts \(ranks per host: \[2, 2, 1\]"):
-        collectives.all_reduce(torch.ones(8), algorithm="hierarchical")
-    with collectives.count_traffic() as traffic, pytest.raises(ValueError, match="do not tile"):
-        collectives.all_reduce(torch.ones(8), algorithm="hierarchical", async_op=True)  # at the call
-    assert traffic.sent_messages == traffic.recv_messages == 0
+    os.environ["LOCAL_WORLD_SIZE"] = "2"        # hosts of 2, 2, 1: the unpipelined scheme
+    t = torch.ones(8)
+    collectives.all_reduce(t, algorithm="hierarchical")
+    assert torch.equal(t, torch.full((8,), 5.0))
     os.environ["LOCAL_WORLD_SIZE"] = "0"
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='0' is not valid"):
         collectives.all_reduce(torch.ones(8), algorithm="hierarchical")
+    with collectives.count_traffic() as traffic, pytest.raises(ValueError, match="is not valid"):
+        collectives.all_reduce(torch.ones(8), algorithm="hierarchical", async_op=True)  # at the call
+    assert traffic.sent_messages == traffic.recv_messages == 0
     os.environ["LOCAL_WORLD_SIZE"] = "2"
     t = torch.ones(8)
     collectives.all_reduce(t, algorithm="ring")  # nothing was sent: the next call pairs up
     assert torch.equal(t, torch.full((8,), 5.0))
     # algorithm=None: a measured table that names hierarchical (COLLECTIVES_TUNING_TABLE, set
-    # by the test) is followed where the hosts fit, and left for the rules of thumb where not
-    from collectives import tuning
-    for local, want in (("2", tuning.rule_of_thumb("all_reduce", 4096, 5)), ("5", "hierarchical")):
+    # by the test) is followed on even and uneven hosts alike
+    for local, want in (("2", "hierarchical"), ("5", "hierarchical")):
         os.environ["LOCAL_WORLD_SIZE"] = local
         t = torch.ones(1024)
         with collectives.trace() as messages:
@@ -237,7 +236,7 @@ def refuse_world(rank, n):
     return True
 
 
-def test_hierarchical_refuses_uneven_hosts_on_every_rank(tmp_path):
+def test_hierarchical_uneven_hosts_and_bad_settings(tmp_path):
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"choices": {"all_reduce": {"5": [[4096, "hierarchical"]]}}}))
     env = {"COLLECTIVES_TIMEOUT": "20", "COLLECTIVES_TUNING_TABLE": str(table)}
@@ -274,3 +273,23 @@ def test_hierarchy_benchmark_reports_the_bytes_over_the_host_links(tmp_path, cap
                    ("-", "builtin"): (None, 0),
                    ("interleaved", "ring"): (3.0, 0), ("interleaved", "hierarchical"): (1.0, 0)}
     assert "| 4 | 2 | 64K | interleaved | hierarchical |" in capsys.readouterr().out
+
+
+def uneven_world(rank, n, local):
+    torch.set_num_threads(1)
+    os.environ["LOCAL_WORLD_SIZE"] = str(local)       # hosts of local ranks, the last one short
+    check_all_reduce(rank, n, "hierarchical")
+    hosts = [g // local for g in range(n)]
+    check_all_reduce(rank, n, "hierarchical", hosts=hosts)
+    # the stated cost, exactly, for this layout
+    out = across(rank, lambda g: g // local,
+                 lambda: collectives.all_reduce(torch.ones(LARGE // 16), algorithm="hierarchical"))
+    return out
+
+
+@pytest.mark.parametrize("n,local", [(4, 3), (5, 2), (3, 2)])
+def test_hierarchical_on_uneven_hosts(n, local):
+    per_rank = run_world(uneven_world, n, local, env={"COLLECTIVES_TIMEOUT": "20"})
+    rows = [r[1] for r in per_rank]
+    want = hier.cost(n, LARGE // 16 * ELEM, ELEM, hosts=[g // local for g in range(n)])
+    assert busiest(rows) == {k: getattr(want, k) for k in busiest(rows)}

@@ -12,9 +12,9 @@ The layout: H hosts of M ranks each (N = H M). It comes from, first match wins:
     any ranks, in any order, gets its true layout;
   * else one host (M = N, H = 1): a pipelined ring reduce-scatter + all-gather.
   Every rank derives the same layout from the same inputs, so all agree without
-  a message. A layout whose hosts hold different numbers of the group's ranks
-  (5 ranks at 2 per host; a group of 3 of a 2x2 world) is refused with a
-  ValueError on every rank before any message.
+  a message. Hosts that hold different numbers of the group's ranks (5 ranks at
+  2 per host: 2, 2, 1; a group of 3 of a 2x2 world: 2, 1) have no shard l on
+  every host, so they take the unpipelined scheme below ("Uneven hosts").
 
 Communication steps, per segment: 2(M-1) inside a host, 2(H-1) across hosts;
   K = min(MAX_SEGMENTS, ceil(S / SEGMENT_BYTES)) segments follow each other, so
@@ -56,6 +56,20 @@ segment, SUM, rank r holds [a_r, b_r, c_r, d_r] (shard 0 = [a, b], shard 1 = [c,
   Over the link between the hosts: 4 quarters each way (S), where a flat ring
   0-1-2-3 sends 6 (1.5 S).
 
+Uneven hosts (M_h ranks on host h, M = max M_h; the first rank of each host
+is its leader):
+  1. Inside each host, local rank l >= 1 sends its whole tensor to the leader at
+     step l-1; the leader combines them in the order l = 1, 2, ... (M-1 steps).
+  2. The H leaders run a ring all_reduce (reduce-scatter, all-gather) over H
+     pieces (2(H-1) steps, M-1+u and M-1+H-1+u).
+  3. The leader sends the result to local rank l at step M-1+2(H-1)+l-1.
+  Bitwise equal: each piece is combined on one leader, in one order, then copied.
+  Bytes: a non-leader sends S and receives S; a leader receives (M_h-1) S and
+  sends as much, plus the ring's 2(H-1)/H S across hosts. Extra memory: S on a
+  leader (what it receives), nothing on the others. Hosts of 2 and 1, rank r
+  holding x_r: rank 1 sends x1 to rank 0 (step 0); leaders 0 and 2 swap halves,
+  reduce, swap back (steps 1, 2); rank 0 sends x0+x1+x2 to rank 1 (step 3).
+
 Extra memory: with H > 1, K slots of one piece (about S/(KN) each: the pieces
 received across hosts, one slot per segment, S/N in all), plus, with M > 1,
 min(K, M-1) slots of one shard (about S/(KM) each: what the reduce-scatter
@@ -82,7 +96,7 @@ MAX_STEP = (1 << 14) - 1
 def layout(n, rank, ranks_per_host=None, hosts=None):
     """(members, host, local): each host's group ranks, this rank's host and local index.
 
-    Raises ValueError when the hosts do not all hold the same number of the group's ranks.
+    Hosts may hold different numbers of the group's ranks (see ``even``).
     """
     if hosts is None and ranks_per_host is not None:
         if isinstance(ranks_per_host, bool) or not isinstance(ranks_per_host, int) or ranks_per_host < 1:
@@ -98,23 +112,34 @@ def layout(n, rank, ranks_per_host=None, hosts=None):
     for g, h in enumerate(hosts):
         members.setdefault(h, []).append(g)
     members = list(members.values())       # hosts in order of their lowest group rank
-    counts = [len(m) for m in members]
-    if len(set(counts)) != 1:
-        raise ValueError(f"hierarchical all_reduce: the group's {n} ranks do not tile its hosts "
-                         f"(ranks per host: {counts}, host of each group rank: {hosts}); "
-                         f"every host must hold as many ranks of the group; use another "
-                         f"algorithm (ring), or a group with the same number of ranks on each host")
     for h, ranks in enumerate(members):
         if rank in ranks:
             return members, h, ranks.index(rank)
     raise ValueError(f"hierarchical all_reduce: rank {rank} is not in the group of {n}")
 
 
+def even(members):
+    """Whether every host holds as many of the group's ranks (the pipelined scheme)."""
+    return len({len(m) for m in members}) == 1
+
+
 def check(n, rank, hosts):
     """What ``collectives.all_reduce`` asks before any message: ValueError if ``hosts`` (the
-    door's: from ``LOCAL_WORLD_SIZE``) do not tile the group, or need more steps than a tag holds."""
+    door's: from ``LOCAL_WORLD_SIZE``) name another group or need more steps than a tag holds."""
     members, _, _ = layout(n, rank, hosts=hosts)
-    segments(1, len(members[0]), len(members))
+    if even(members):
+        segments(1, len(members[0]), len(members))
+    else:
+        uneven_steps(members)
+
+
+def uneven_steps(members):
+    m, k = max(len(h) for h in members), len(members)
+    steps = 2 * (m - 1) + 2 * (k - 1)
+    if steps > MAX_STEP + 1:
+        raise ValueError(f"hierarchical all_reduce: up to {m} ranks per host x {k} hosts need "
+                         f"more steps than a tag holds")
+    return m, k
 
 
 def segments(nbytes, m, k, segment_bytes=None):
@@ -155,11 +180,13 @@ def slots(m, k, nseg, shards, pieces, local):
     return intra, shard, inter, piece
 
 
-def cost(n, s, item=1, ranks_per_host=None):
-    """One host unless ``ranks_per_host`` says otherwise (ranks host by host)."""
+def cost(n, s, item=1, ranks_per_host=None, hosts=None):
+    """One host unless ``ranks_per_host`` (ranks host by host) or ``hosts`` say otherwise."""
     if n == 1:
         return NOTHING
-    members, _, _ = layout(n, 0, ranks_per_host or n)
+    members, _, _ = layout(n, 0, ranks_per_host or (None if hosts else n), hosts)
+    if not even(members):
+        return uneven_cost(n, s, item, members)
     m, k = len(members[0]), len(members)
     numel = s // item
     nseg = segments(s, m, k)
@@ -187,6 +214,59 @@ def cost(n, s, item=1, ranks_per_host=None):
                     t.message(base + m - 1 + 2 * (k - 1) + st, r, right,
                               _size(shards[j][(li - st) % m]) * item)
     return t.cost()
+
+
+def uneven_cost(n, s, item, members):
+    m, k = uneven_steps(members)
+    numel = s // item
+    bounds = split_bounds(numel, k)
+    t = Tally(n)
+    leaders = [h[0] for h in members]
+    for hi, ranks in enumerate(members):
+        lead = ranks[0]
+        t.allocate(lead, numel * item)
+        for li, r in enumerate(ranks[1:], 1):
+            t.message(li - 1, r, lead, numel * item)
+            t.reduce(lead, numel * item)
+            t.message(m - 1 + 2 * (k - 1) + li - 1, lead, r, numel * item)
+        right = leaders[(hi + 1) % k]
+        for u in range(k - 1):
+            nbytes = (bounds[(hi - u) % k + 1] - bounds[(hi - u) % k]) * item
+            t.message(m - 1 + u, lead, right, nbytes)
+            t.reduce(right, nbytes)
+            p = (hi - u + 1) % k
+            t.message(m - 1 + k - 1 + u, lead, right, (bounds[p + 1] - bounds[p]) * item)
+    return t.cost()
+
+
+def uneven(comm, tensor, op, members, hi, li):
+    """The scheme of the card's "Uneven hosts": to the leader, a ring of leaders, back."""
+    m, k = uneven_steps(members)
+    ranks = members[hi]
+    lead = ranks[0]
+    last = m - 1 + 2 * (k - 1)
+    if li > 0:
+        comm.send(tensor, lead, li - 1)
+        comm.recv(tensor, lead, last + li - 1)
+        return
+    inbox = tensor.new_empty(tensor.numel())
+    for l, r in enumerate(ranks[1:], 1):
+        comm.recv(inbox, r, l - 1)
+        op.combine(tensor, inbox)
+    if k > 1:
+        leaders = [h[0] for h in members]
+        right, left = leaders[(hi + 1) % k], leaders[(hi - 1) % k]
+        b = split_bounds(tensor.numel(), k)
+        piece = lambda p: tensor[b[p]:b[p + 1]]   # noqa: E731
+        for u in range(k - 1):      # reduce-scatter: leader h ends with piece h+1 combined
+            got = piece((hi - u - 1) % k)
+            buf = inbox[:got.numel()]
+            comm.sendrecv(piece((hi - u) % k), right, buf, left, m - 1 + u)
+            op.combine(got, buf)
+        for u in range(k - 1):      # all-gather: the combined pieces, copied around the ring
+            comm.sendrecv(piece((hi - u + 1) % k), right, piece((hi - u) % k), left, m - 1 + k - 1 + u)
+    for l, r in enumerate(ranks[1:], 1):
+        comm.send(tensor, r, last + l - 1)
 
 
 def time(n, s, alpha, beta, gamma, ranks_per_host=None):
@@ -218,6 +298,8 @@ def all_reduce(comm, tensor, op, ranks_per_host=None, hosts=None, segment_bytes=
     members, hi, li = layout(n, r, ranks_per_host, hosts)   # refuses before any message
     if n == 1:
         return
+    if not even(members):
+        return uneven(comm, tensor, op, members, hi, li)
     m, k = len(members[0]), len(members)
     nseg = segments(tensor.numel() * tensor.element_size(), m, k, segment_bytes)
     shards, pieces = plan(tensor.numel(), m, k, nseg)
