@@ -27,6 +27,12 @@ A send and its matching receive are always *posted together* and then waited
 on together (``Comm.exchange``). Issued one after the other, a blocking send on
 both sides of a pair deadlocks on NCCL and on any transport without buffering.
 
+**Which transport.** Ranks of a gloo group that share a host exchange their messages
+through shared memory (:mod:`collectives.shm`), the others over gloo: the first
+collective call on a group agrees, once, which ranks share a host
+(:func:`shm_transport`), and each message then goes the way of its peer. Nothing above
+the door sees the difference. ``COLLECTIVES_TRANSPORT`` chooses (``auto`` by default).
+
 The first message on a gloo group also takes the wake-up preemption away from
 gloo's socket threads (:func:`calm_transport_threads`): without it, a rank that
 shares a CPU with its peer loses milliseconds per message (docs/benchmarks.md,
@@ -43,7 +49,7 @@ import zlib
 
 import torch
 
-from . import observers, settings
+from . import observers, settings, shm
 from .door import Door, each_message
 from .errors import CollectiveError, CollectiveTimeout
 from .group import group_info
@@ -129,6 +135,70 @@ def _gloo_backend(transport):
 _CPU = torch.device("cpu")
 
 
+# gloo transport -> (shm transport or None, group ranks it reaches): the agreement of each
+# group, made once. Keyed weakly where torch allows it, so a destroyed group takes its
+# mailboxes with it.
+_shm_of = weakref.WeakKeyDictionary()
+_shm_of_ids = {}
+_shm_lock = threading.Lock()
+SETUP_BYTES = 1024                      # one rank's part of a setup all-gather
+SETUP_TAG = call_hash("collectives.shm setup") << STEP_BITS
+
+
+def shm_transport(info, transport, timeout):
+    """The group's shared-memory transport and the group ranks it reaches, set up once.
+
+    Called in a collective call, which every rank of the group makes, so the setup's
+    three all-gathers (over gloo, :func:`_allgather`) pair on every rank. Returns
+    ``(None, ())`` with ``COLLECTIVES_TRANSPORT=gloo`` or where no peer shares the host.
+    """
+    mode = settings.transport()
+    if mode == "gloo":
+        return None, ()
+    try:
+        found = _shm_of.get(transport)
+    except TypeError:
+        found = _shm_of_ids.get(id(transport), (None, None))[1]
+    if found is not None:
+        return found
+    with _shm_lock:
+        step = iter(range(3))
+        found = shm.connect(info.rank, info.size,
+                            lambda data: _allgather(transport, info, data, next(step), timeout),
+                            required=(mode == "shm"))
+        try:
+            _shm_of[transport] = found
+        except TypeError:
+            _shm_of_ids[id(transport)] = (transport, found)
+    return found
+
+
+def _allgather(transport, info, data, phase, timeout):
+    """Every rank's ``data`` (bytes) in group-rank order, over gloo: the setup's messages."""
+    if len(data) > SETUP_BYTES - 4:
+        raise ValueError(f"shared-memory setup: {len(data)} bytes do not fit in one message")
+    mine = torch.zeros(SETUP_BYTES, dtype=torch.uint8)
+    mine[:4] = torch.tensor([len(data)], dtype=torch.int32).view(torch.uint8)
+    mine[4:4 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    theirs = {p: torch.empty(SETUP_BYTES, dtype=torch.uint8) for p in range(info.size) if p != info.rank}
+    tag = SETUP_TAG | phase
+    works = [(transport.recv([t], p, tag), p) for p, t in theirs.items()]
+    works += [(transport.send([mine], p, tag), p) for p in theirs]
+    for work, peer in works:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=timeout))
+        except Exception as exc:
+            raise CollectiveError(f"collectives: setting up shared memory on group rank {info.rank}: "
+                                  f"no answer from rank {info.ranks[peer]}: {exc}",
+                                  info.ranks[peer]) from exc
+    out = []
+    for p in range(info.size):
+        t = mine if p == info.rank else theirs[p]
+        n = int(t[:4].view(torch.int32).item())
+        out.append(bytes(t[4:4 + n].tolist()))
+    return out
+
+
 class Pending:
     """Messages posted by :meth:`Comm.post` and not yet waited for."""
 
@@ -208,9 +278,14 @@ class Comm(Door):
         self.verbose = settings.verbose()
         self.backend = info.backend
         self.nccl = "nccl" in info.backend
+        self.shm, self.shm_peers = None, ()
         if not self.nccl:
             calm_transport_threads(self.group)
             self.group = _gloo_backend(self.group)
+            if collective != "send_recv":
+                # point-to-point messages stay on gloo: only a collective has every rank
+                # of the group here to agree on the setup
+                self.shm, self.shm_peers = shm_transport(info, self.group, self.timeout)
         self.call_tag = call_hash(f"{seq}|{self.description}")
 
     @property
@@ -259,7 +334,8 @@ class Comm(Door):
             works = []
             for kind, tensor, peer, nbytes, tag in todo:
                 try:
-                    post = self.group.send if kind == "send" else self.group.recv
+                    way = self.shm if peer in self.shm_peers else self.group
+                    post = way.send if kind == "send" else way.recv
                     works.append(post([tensor], peer, tag))
                 except Exception as exc:
                     raise self._failure(self._message(step, kind, peer, nbytes, start), peer, exc) from exc
@@ -324,6 +400,8 @@ def _explain(text, peer_text):
     if "Application timeout caused pair closure" in text:
         return (f"the connection to {peer_text} was closed by an earlier timeout on this group, "
                 f"which cannot be used again; create a new group ({brief})")
+    if "exited while this rank waited" in text:
+        return f"{peer_text} {text.split(') ', 1)[-1].split('. ')[0]} (shared memory)"
     if any(s in text for s in ("Connection closed by peer", "Connection reset", "Broken pipe")):
         return (f"{peer_text} closed the connection: it exited, or gave up on this group after "
                 f"its own error or timeout ({brief})")

@@ -24,6 +24,7 @@ VARIABLES = {
     "COLLECTIVES_VERBOSE": ("0", "print every message as it moves"),
     "COLLECTIVES_ALGO": ("", "algorithms per collective, e.g. all_reduce:ring,broadcast:binomial_tree"),
     "COLLECTIVES_TUNING_TABLE": ("", "a tuning table algorithm=None reads instead of this machine's"),
+    "COLLECTIVES_TRANSPORT": ("auto", "gloo, shm or auto: how ranks on one host exchange messages"),
     "COLLECTIVES_GLOO_BATCH": ("1", "gloo's socket threads never preempt the thread they wake (SCHED_BATCH)"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
@@ -84,6 +85,27 @@ def gloo_batch():
     """``COLLECTIVES_GLOO_BATCH`` (default 1): run gloo's socket threads as ``SCHED_BATCH``
     (``p2p_communications.calm_transport_threads``); 0 leaves them as torch made them."""
     return _raw("COLLECTIVES_GLOO_BATCH") is None or _flag("COLLECTIVES_GLOO_BATCH")
+
+
+TRANSPORTS = ("gloo", "shm", "auto")
+
+
+def transport():
+    """``COLLECTIVES_TRANSPORT`` (default ``auto``): how ranks that share a host exchange messages.
+
+    ``gloo``: every message over gloo's TCP loopback. ``shm``: shared memory between
+    the ranks of each host (``collectives/shm.py``), an error on every rank if it cannot
+    be set up. ``auto``: shared memory where it can be set up, else gloo with one
+    warning line. Ranks on different hosts use gloo whatever the value.
+    """
+    value = _raw("COLLECTIVES_TRANSPORT")
+    if value is None:
+        return "auto"
+    value = value.strip().lower()
+    if value not in TRANSPORTS:
+        raise ValueError(f"COLLECTIVES_TRANSPORT={os.environ['COLLECTIVES_TRANSPORT']!r} is not valid: "
+                         f"use one of {', '.join(TRANSPORTS)}; unset, it is auto")
+    return value
 
 
 def parse_algorithms(text, where="COLLECTIVES_ALGO"):
