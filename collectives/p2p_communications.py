@@ -145,27 +145,30 @@ SETUP_BYTES = 1024                      # one rank's part of a setup all-gather
 SETUP_TAG = call_hash("collectives.shm setup") << STEP_BITS
 
 
-def shm_transport(info, transport, timeout):
+def shm_transport(comm):
     """The group's shared-memory transport and the group ranks it reaches, set up once.
 
-    Called in a collective call, which every rank of the group makes, so the setup's
-    three all-gathers (over gloo, :func:`_allgather`) pair on every rank. Returns
-    ``(None, ())`` with ``COLLECTIVES_TRANSPORT=gloo`` or where no peer shares the host.
+    Called at the first message of a collective call, which every rank of the group
+    makes, so the setup's three all-gathers (over gloo, :meth:`Comm._setup_allgather`)
+    pair on every rank; a rank that never comes is reported as for any message of the
+    call. Returns ``(None, ())`` with ``COLLECTIVES_TRANSPORT=gloo`` or where no peer
+    shares the host.
     """
     mode = settings.transport()
     if mode == "gloo":
         return None, ()
+    transport = comm.group
     try:
         found = _shm_of.get(transport)
     except TypeError:
         found = _shm_of_ids.get(id(transport), (None, None))[1]
     if found is not None:
         return found
+    # no lock held across the setup: two groups' lanes may set up at once, in any order
+    phases = iter(range(3))
+    found = shm.connect(comm.rank, comm.size, lambda data: comm._setup_allgather(data, next(phases)),
+                        required=(mode == "shm"))
     with _shm_lock:
-        step = iter(range(3))
-        found = shm.connect(info.rank, info.size,
-                            lambda data: _allgather(transport, info, data, next(step), timeout),
-                            required=(mode == "shm"))
         try:
             _shm_of[transport] = found
         except TypeError:
@@ -173,34 +176,10 @@ def shm_transport(info, transport, timeout):
     return found
 
 
-def _allgather(transport, info, data, phase, timeout):
-    """Every rank's ``data`` (bytes) in group-rank order, over gloo: the setup's messages."""
-    if len(data) > SETUP_BYTES - 4:
-        raise ValueError(f"shared-memory setup: {len(data)} bytes do not fit in one message")
-    mine = torch.zeros(SETUP_BYTES, dtype=torch.uint8)
-    mine[:4] = torch.tensor([len(data)], dtype=torch.int32).view(torch.uint8)
-    mine[4:4 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    theirs = {p: torch.empty(SETUP_BYTES, dtype=torch.uint8) for p in range(info.size) if p != info.rank}
-    tag = SETUP_TAG | phase
-    works = [(transport.recv([t], p, tag), p) for p, t in theirs.items()]
-    works += [(transport.send([mine], p, tag), p) for p in theirs]
-    for work, peer in works:
-        try:
-            work.wait(timeout=datetime.timedelta(seconds=timeout))
-        except Exception as exc:
-            raise CollectiveError(f"collectives: setting up shared memory on group rank {info.rank}: "
-                                  f"no answer from rank {info.ranks[peer]}: {exc}",
-                                  info.ranks[peer]) from exc
-    out = []
-    for p in range(info.size):
-        t = mine if p == info.rank else theirs[p]
-        n = int(t[:4].view(torch.int32).item())
-        out.append(bytes(t[4:4 + n].tolist()))
-    return out
-
-
 class Pending:
     """Messages posted by :meth:`Comm.post` and not yet waited for."""
+
+    report = True     # False for the transport's own setup messages: not the algorithm's traffic
 
     def __init__(self, comm, step, entries, start):
         self.comm, self.step, self.entries, self.start = comm, step, entries, start
@@ -223,7 +202,7 @@ class Pending:
                     work.wait(timeout=datetime.timedelta(seconds=left))
             except Exception as exc:
                 raise comm._failure(comm._message(self.step, kind, peer, nbytes, self.start), peer, exc) from exc
-            if observers.watched() or comm.verbose:
+            if self.report and (observers.watched() or comm.verbose):
                 comm._report(comm._message(self.step, kind, peer, nbytes, self.start, time.time()))
         self.entries = []
 
@@ -278,14 +257,13 @@ class Comm(Door):
         self.verbose = settings.verbose()
         self.backend = info.backend
         self.nccl = "nccl" in info.backend
+        # point-to-point messages stay on gloo: only a collective has every rank of the
+        # group at the door to agree on the setup (resolved at the first post, not here)
         self.shm, self.shm_peers = None, ()
+        self._shm_pending = not self.nccl and collective != "send_recv"
         if not self.nccl:
             calm_transport_threads(self.group)
             self.group = _gloo_backend(self.group)
-            if collective != "send_recv":
-                # point-to-point messages stay on gloo: only a collective has every rank
-                # of the group here to agree on the setup
-                self.shm, self.shm_peers = shm_transport(info, self.group, self.timeout)
         self.call_tag = call_hash(f"{seq}|{self.description}")
 
     @property
@@ -328,6 +306,10 @@ class Comm(Door):
                                  f"{self.backend} group sends host memory only: stage it to the CPU first")
             todo.append((kind, tensor, peer, nbytes, self.tag(step, nbytes) if tagged else step))
         start = time.time()
+        if self._shm_pending and todo:
+            self._shm_pending = False
+            self._step_now = step
+            self.shm, self.shm_peers = shm_transport(self)
         if self.nccl:
             works = self._post_nccl(todo)
         else:
@@ -341,6 +323,34 @@ class Comm(Door):
                     raise self._failure(self._message(step, kind, peer, nbytes, start), peer, exc) from exc
         return Pending(self, step, [(work, kind, peer, nbytes)
                                     for work, (kind, _, peer, nbytes, _) in zip(works, todo)], start)
+
+    def _setup_allgather(self, data, phase):
+        """Every rank's ``data`` (bytes) in group-rank order, over gloo: the shared-memory
+        setup's messages. A peer that does not answer is reported as for the call's
+        message at the step the setup began in."""
+        if len(data) > SETUP_BYTES - 4:
+            raise ValueError(f"shared-memory setup: {len(data)} bytes do not fit in one message")
+        mine = torch.zeros(SETUP_BYTES, dtype=torch.uint8)
+        mine[:4] = torch.tensor([len(data)], dtype=torch.int32).view(torch.uint8)
+        mine[4:4 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        theirs = {p: torch.empty(SETUP_BYTES, dtype=torch.uint8) for p in range(self.size) if p != self.rank}
+        tag, start = SETUP_TAG | phase, time.time()
+        entries = []
+        for kind, p in [("recv", p) for p in theirs] + [("send", p) for p in theirs]:
+            try:
+                post = self.group.recv if kind == "recv" else self.group.send
+                entries.append((post([theirs[p] if kind == "recv" else mine], p, tag), kind, p, SETUP_BYTES))
+            except Exception as exc:
+                raise self._failure(self._message(self._step_now, kind, p, SETUP_BYTES, start), p, exc) from exc
+        pending = Pending(self, self._step_now, entries, start)
+        pending.report = False
+        pending.wait()
+        out = []
+        for p in range(self.size):
+            t = mine if p == self.rank else theirs[p]
+            n = int(t[:4].view(torch.int32).item())
+            out.append(bytes(t[4:4 + n].tolist()))
+        return out
 
     def _post_nccl(self, todo):
         """NCCL pairs messages by order, not tag, and wants them batched (``batch_isend_irecv``)."""

@@ -49,7 +49,8 @@ Moving a message of S bytes from rank a to rank b (a's mailbox in b's inbox):
 4. steps 2-3 repeat until all S bytes are through: a message larger than the mailbox
    streams through it in pieces, the sender filling while the receiver drains.
 
-A rank that waits sleeps in ``poll`` on its doorbell and on the pidfds of the peers it
+A rank that waits looks again for ``SPIN`` (30 us, yielding its core between looks), then
+sleeps in ``poll`` on its doorbell and on the pidfds of the peers it
 waits for: it never spins, so four ranks on two cores leave the cores to the ranks with
 work, and a peer that dies (SIGKILL included) wakes it at once with an error naming the
 peer instead of a hang.
@@ -100,6 +101,7 @@ ALIGN = 64                      # a cache line: records and counters start on on
 HEADER = 2 * ALIGN              # head on the first line, tail on the second (no false sharing)
 RECORD = ALIGN                  # a record header: tag, nbytes (two u64), padded
 SLICE = 0.05                    # seconds a waiter sleeps before checking its deadline again
+SPIN = 30e-6                    # seconds a waiter looks again (yielding the core) before it sleeps
 
 
 def cost(nbytes, capacity=DEFAULT_CAPACITY):
@@ -388,7 +390,7 @@ class ShmTransport:
         deadline = None if timeout is None else time.monotonic() + timeout
         poller = select.poll()
         poller.register(self.bell_r, select.POLLIN)
-        watched = {}
+        watched, spin_until = {}, None
         with self.lock:
             self.waiters += 1
         try:
@@ -409,6 +411,14 @@ class ShmTransport:
                     if fd is not None and fd not in watched:
                         poller.register(fd, select.POLLIN)
                         watched[fd] = peer
+                if spin_until is None:
+                    # a peer running on another core answers within microseconds: look again
+                    # for a moment before sleeping; sched_yield hands the core to a ready
+                    # rank when ranks outnumber cores, so this spin never starves one
+                    spin_until = time.monotonic() + SPIN
+                if time.monotonic() < spin_until:
+                    os.sched_yield()
+                    continue
                 left = SLICE if deadline is None else min(SLICE, deadline - time.monotonic())
                 if left <= 0:
                     raise TimeoutError(f"Timed out after {timeout:g} s waiting to "
