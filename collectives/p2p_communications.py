@@ -135,7 +135,7 @@ def _gloo_backend(transport):
 _CPU = torch.device("cpu")
 
 
-# gloo transport -> (shm transport or None, group ranks it reaches): the agreement of each
+# group (GroupInfo.transport) -> (shm transport or None, group ranks it reaches): the agreement of each
 # group, made once. Keyed weakly where torch allows it, so a destroyed group takes its
 # mailboxes with it.
 _shm_of = weakref.WeakKeyDictionary()
@@ -157,7 +157,9 @@ def shm_transport(comm):
     mode = settings.transport()
     if mode == "gloo":
         return None, ()
-    transport = comm.group
+    # keyed by the group as the caller holds it: the gloo backend behind it may be a new
+    # Python wrapper at every call (torch 2.11), which would set up again each time
+    transport = comm.info.transport
     try:
         found = _shm_of.get(transport)
     except TypeError:
@@ -411,7 +413,9 @@ def _explain(text, peer_text):
         return (f"the connection to {peer_text} was closed by an earlier timeout on this group, "
                 f"which cannot be used again; create a new group ({brief})")
     if "exited while this rank waited" in text:
-        return f"{peer_text} {text.split(') ', 1)[-1].split('. ')[0]} (shared memory)"
+        # the shared-memory transport's notice (a pidfd): the same news as a closed socket
+        return (f"{peer_text} closed the connection: its process exited while this rank waited "
+                f"for it, killed or failed (shared memory)")
     if any(s in text for s in ("Connection closed by peer", "Connection reset", "Broken pipe")):
         return (f"{peer_text} closed the connection: it exited, or gave up on this group after "
                 f"its own error or timeout ({brief})")
