@@ -108,6 +108,12 @@ def transport():
     return value
 
 
+def set_transport(value):
+    """Set ``COLLECTIVES_TRANSPORT`` for this process and the ranks it starts (``--transport``)."""
+    os.environ["COLLECTIVES_TRANSPORT"] = value
+    transport()     # checked now, not at the first message
+
+
 def parse_algorithms(text, where="COLLECTIVES_ALGO"):
     """``"all_reduce:ring,broadcast:binomial_tree"`` -> ``{"all_reduce": "ring", ...}``.
 

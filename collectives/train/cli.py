@@ -28,6 +28,7 @@ import os
 import socket
 import sys
 
+from .. import settings
 from ..algorithms import ALGORITHMS
 from ..tools import launch
 from ..tools.lab import FLAG_HELP, lab_argument, parse_lab, unavailable_reason
@@ -91,7 +92,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.transport is not None:
         # the ranks inherit this process's environment; the bits do not depend on it
-        os.environ["COLLECTIVES_TRANSPORT"] = args.transport
+        settings.set_transport(args.transport)
     try:
         if args.compression and args.sync != "bucketed":
             raise launch.SetupError(f"--compression {args.compression} needs --sync bucketed "
