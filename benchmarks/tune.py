@@ -19,12 +19,19 @@ In each world it
    (``benchmarks.sweep.measure_point``, interleaved, so they see the same
    noise): where the model is unsure, near its crossovers, the measurement
    decides;
-3. measures the sizes coarse to fine (both ends first, then the middles,
+3. at each point also times the *untuned* choice (what ``algorithm=None`` picks without
+   this machine's table) twice, side by side with the others: the second copy against the
+   first is the noise, and another algorithm replaces the untuned one only where it beat
+   it round by round by more than that noise (``collectives.tuning.tables.decide_from_rows``);
+   a table tuned on a busy machine cannot make a point slower than the untuned choice by
+   more than the noise it measured;
+4. measures the sizes coarse to fine (both ends first, then the middles,
    :func:`coarse_to_fine`) and stops when its share of ``--budget`` seconds is
    spent (shares grow with the world size, :func:`budget_share`); a size left
    over takes the choice of the nearer measured size, on a log scale.
 
-The fastest algorithm at each point and the fitted parameters go into this
+The chosen algorithm at each point (with its evidence: ratio and noise), the
+transport the messages went through, and the fitted parameters go into this
 machine's table in the per-user cache (``collectives.tuning.cache_path()``:
 ``$XDG_CACHE_HOME/collectives/tuning-<host>-<cores>cpu-<hash>.json``), one
 entry per world size, which ``algorithm=None`` reads from then on. ``--table
@@ -38,9 +45,10 @@ import time
 import torch
 import torch.distributed as dist
 
+import collectives
 from benchmarks import common, pingpong, sweep
-from collectives import tuning
-from collectives.tuning import cost_model
+from collectives import settings, tuning
+from collectives.tuning import agreed, cost_model
 
 P2P_SIZES = (4, 4096, 65536, 1 << 20, 4 << 20)
 
@@ -82,6 +90,13 @@ def coarse_to_fine(sizes):
     return [sizes[i] for i in order]
 
 
+def untuned(collective, size, n):
+    """What ``algorithm=None`` picks here without this machine's table (the shipped table,
+    its model, the rules of thumb): the choice tuning must beat, by more than the noise."""
+    shipped = {k: v for k, v in tuning.tables.shipped().items() if k in ("choices", "models", "model")}
+    return tuning.choose(collective, size, n, agreed.Tables({}, shipped, "nobody", "-", "the shipped table"))
+
+
 def budget_share(budget, n, world_sizes):
     """World size ``n``'s seconds of ``budget``, in proportion to ``n``: with more ranks than
     cores a call takes about N times longer, and equal shares left N=8 mostly to the model."""
@@ -108,10 +123,18 @@ def _worker(args, rank, n, device):
             skipped.append((collective, size))
             continue
         names = timed(collective, n, size, params, args.top, args.all_below)
-        progress.step(f"{collective} {common.human(size)}: {', '.join(names)}")
-        cands = sweep.candidates_for(collective, names, builtin=False)
-        rows += sweep.measure_point(collective, size, cands, rank, n, device, iters=args.iters,
+        base = untuned(collective, size, n)
+        progress.step(f"{collective} {common.human(size)}: {', '.join(names)} (untuned: {base})")
+        # the untuned choice twice: the second copy against the first is the noise, and a
+        # measured algorithm must beat the untuned one by more than that to replace it
+        cands = sweep.candidates_for(collective, names, builtin=False) + [
+            (tuning.tables.UNTUNED, base, collectives), (tuning.tables.UNTUNED_AGAIN, base, collectives)]
+        point = sweep.measure_point(collective, size, cands, rank, n, device, iters=args.iters,
                                     warmup=args.warmup_iters, check=False)
+        for r in point:
+            if r["algorithm"] in (tuning.tables.UNTUNED, tuning.tables.UNTUNED_AGAIN):
+                r["untuned_algorithm"] = base
+        rows += point
     progress.close()
     return {"p2p": p2p, "model": params, "rows": rows, "skipped": skipped,
             "seconds": time.monotonic() - start}
@@ -159,18 +182,24 @@ def report(results, rows, path, seconds, file=None):
               + (f"; {len(res['skipped'])} point(s) over budget: each takes the nearer measured size's choice"
                  if res["skipped"] else ""),
               file=file)
-    best = tuning.best_from_rows(rows)
+    best, evidence = tuning.tables.decide_from_rows(rows)
     for collective, by_n in best.items():
         for n, points in sorted(by_n.items(), key=lambda kv: int(kv[0])):
             line = ", ".join(f"{common.human(size)} {name}" for size, name in points)
             print(f"#   {collective:>14} N={n}: {line}", file=file)
+    changed = [e for e in evidence if e["chosen"] != e["untuned"]]
+    print(f"# {len(changed)} of {len(evidence)} points changed from the untuned choice, each faster by more "
+          f"than its self-against-self noise"
+          + "".join(f"\n#   {e['collective']} N={e['world_size']} {common.human(e['size'])}: {e['untuned']} -> "
+                    f"{e['chosen']} ({e['ratio']:.2f}x, noise {e['noise']:.2f})" for e in changed), file=file)
     print(f"# wrote {path} in {seconds:.0f} s", file=file)
 
 
 def main(argv=None):
     args = parse_args(argv)
     started = time.monotonic()
-    meta = dict(common.machine_info("python -m benchmarks.tune", args), machine=tuning.machine())
+    meta = dict(common.machine_info("python -m benchmarks.tune", args), machine=tuning.machine(),
+                transport=getattr(settings, "transport", lambda: "gloo")())
     results = common.run_worlds(_worker, args)
     if results is None:
         return

@@ -26,7 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import desync, observers, reduce_ops, settings, tuning
+from . import desync, flight_recorder, observers, reduce_ops, settings, tuning
 from .algorithms import ALGORITHMS, MODULES
 from .tuning import agreed
 from .engine import engine
@@ -155,10 +155,10 @@ class CallState:
         return self.algorithm
 
     def agreed_choice(self):
-        """``algorithm=None``'s pick, from the group's agreed tables (waits, at the group's first
-        call, for group rank 0 to publish them: only where the call itself would wait for it)."""
+        """``algorithm=None``'s pick, from the tables every member agreed on at the group's
+        first call (:mod:`collectives.tuning.agreed`)."""
         nbytes = self.choice_bytes or 0
-        tables = agreed.tables_of(self.info, self.timeout) if self.size > 1 else None
+        tables = agreed.tables_of(self.info) if self.size > 1 else None
         algo = tuning.choose(self.collective, nbytes, self.size, tables)
         try:
             self._check_layout(algo)
@@ -238,29 +238,63 @@ def _span(t):
     return start, start + extent * t.element_size()
 
 
-def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=None, **fields):
-    """Steps 3 and 4: run ``body(comm)`` (it returns the output tensors) on the group's lane.
+def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=None, lane=None, peers=None,
+        door_name=None, **fields):
+    """Steps 3 and 4: run ``body(comm)`` (it returns the output tensors) on a lane of the engine.
 
     ``local()`` is the whole collective on a group of one (at most a copy).
     ``fields`` fingerprint the call (op, shape, dtype, root; for all_to_all the
     element counts): they name it in tags and errors, and ``COLLECTIVES_DEBUG=1``
     compares them before any data moves.
+
+    A collective involves the whole group and runs on the group's lane. A point-to-point
+    message (:mod:`collectives.p2p_api`) involves two ranks: ``peers`` names them (group
+    ranks), ``lane`` is the lane that numbers that direction's messages, and ``door_name``
+    the name its messages carry (one name on both ends, so traces pair them). Either way the
+    call gets the same profiler range, group timeout, records and explained timeouts.
     """
     info, collective = call.info, call.collective
-    check_first = desync.enabled()
-    if info.rank == 0 and call.size > 1:
-        agreed.tables_of(info, call.timeout)  # group rank 0 publishes its tables at its first call (no wait)
+    check_first = desync.enabled() and peers is None
+    involved = tuple(range(call.size)) if peers is None else tuple(peers)
+
+    # the flight recorder's entry: scheduled now, started and completed on the lane
+    entry = flight_recorder.record(info, door_name or collective, algo or "automatic",
+                                   desync.describe(door_name or collective, algo, fields), fields,
+                                   None if peers is None else tuple(peers), call.timeout)
+    flight_recorder.arm(info.store)
+
+    def door(seq, name, algorithm, description):
+        comm = Comm(info, name, algorithm, seq, description, call.timeout, involved=involved, lane=lane)
+        comm.record = entry
+        agreement = agreed.known(info)
+        if agreement is not None:
+            comm.pids = agreement.local_pids
+        return comm
+
+    def explained(comm, exc):
+        if not isinstance(exc, DesyncError) and exc.peer is not None:
+            exc = desync.explain_timeout(comm, exc)
+        flight_recorder.on_timeout(exc)
+        return exc
 
     def execute(seq):
         nonlocal algo
-        if algo is None:  # algorithm=None: chosen here, in issue order, from the group's agreed tables
+        if peers is None and call.size > 1 and agreed.known(info) is None:
+            # the group's first call: agree on tables, settings and hosts over our own messages
+            # (its messages pair whatever first call each rank made: the desync check or the
+            # call's own tags catch a mismatch, and the group stays usable)
+            comm = Comm(info, door_name or collective, observers.AGREEMENT, seq,
+                        f"the group's agreement before {desync.describe(door_name or collective, None, fields)}",
+                        call.timeout, involved=involved, lane=lane, tag_text="agreement")
+            comm.record = entry
             try:
-                algo = call.agreed_choice()
-            except TimeoutError as exc:   # group rank 0 never reached its first call on this group
-                comm = Comm(info, collective, "automatic", seq, desync.describe(collective, "automatic", fields),
-                            call.timeout)
-                raise desync.explain_timeout(comm, CollectiveTimeout(str(exc), info.ranks[0], comm)) from None
-        description = desync.describe(collective, algo, fields)
+                agreed.of(info, lambda: comm)
+            except CollectiveError as exc:
+                raise explained(comm, exc) from exc
+        if algo is None:  # algorithm=None: chosen here, in issue order, from the group's agreed tables
+            algo = call.agreed_choice()
+        description = desync.describe(door_name or collective, algo, fields)
+        flight_recorder.started(entry, algo, description)
         start = time.time()
         profiling = torch.autograd._profiler_enabled()
         with (torch.profiler.record_function(f"collectives.{collective}({algo})") if profiling
@@ -270,22 +304,22 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
             if call.size == 1:
                 outputs = local()
             else:
-                comm = Comm(info, collective, algo, seq, description, call.timeout)
+                comm = door(seq, door_name or collective, algo, description)
                 try:
                     if check_first:
                         desync.check_agreement(comm, fields)
                     outputs = body(comm)
                 except CollectiveError as exc:
                     # a timeout, or a peer that closed the connection after its own timeout
-                    if isinstance(exc, DesyncError) or exc.peer is None:
-                        raise
-                    raise desync.explain_timeout(comm, exc) from exc
+                    raise explained(comm, exc) from exc
                 call.ready()  # the results' copies back to the GPU
+        flight_recorder.completed(entry)
         if observers.watched():
-            observers.report_call(CallRecord(collective, algo, seq, tuple(call.ranks), info.rank, nbytes,
-                                             start, time.time()))
+            observers.report_call(CallRecord(collective, algo, seq, tuple(info.ranks[p] for p in involved),
+                                             info.rank, nbytes, start, time.time()))
         return outputs
-    work = engine().submit(execute, f"{collective}({algo or 'automatic'})", async_op, info.key, info.transport)
+    name = f"{collective}({algo or 'automatic'})"
+    work = engine().submit(execute, name, async_op, lane or info.key, info.transport)
     return work if async_op else None  # blocking calls return None, as torch's do
 
 

@@ -74,7 +74,9 @@ def describe(collective, algorithm, fields):
     ``all_reduce(op=SUM, shape=[4], dtype=float32, algorithm=ring)``. It goes into every
     message's tag and into every desync report."""
     args = [f"{k}={_show(k, v)}" for k, v in fields.items() if k not in _COUNTS]
-    return f"{collective}({', '.join(args + [f'algorithm={algorithm}'])})"
+    if algorithm is not None:   # None: the call as the program wrote it, whatever algorithm runs it
+        args.append(f"algorithm={algorithm}")
+    return f"{collective}({', '.join(args)})"
 
 
 def _encode(seq, call, counts, size):
@@ -188,7 +190,7 @@ def _lost(info, comm, peer, me):
     usually rank 0, is most likely the dead one: the usual explanation says so)."""
     store = info.store
     notice = f"collectives/lost/{info.key}"
-    alive = f"collectives/stuck/{info.key}/{peer}"
+    alive = f"collectives/stuck/{comm.lane}/{peer}"
     mine = json.dumps({"rank": peer, "seen_by": me, "seq": comm.seq})
     found = []
 
@@ -242,7 +244,7 @@ def explain_timeout(comm, exc):
             return error
     grace = _grace(comm.timeout)
     mine = {"seq": comm.seq, "call": comm.description, "waiting_on": exc.peer}
-    prefix = f"collectives/stuck/{info.key}/"
+    prefix = f"collectives/stuck/{comm.lane}/"
     answers, failure = {}, []
 
     def ask():
@@ -251,7 +253,7 @@ def explain_timeout(comm, exc):
         try:
             store = info.store
             store.set(prefix + str(me), json.dumps(mine))
-            keys = {r: prefix + str(r) for r in info.ranks if r != me}
+            keys = {r: prefix + str(r) for r in (info.ranks[p] for p in comm.involved) if r != me}
             deadline = time.monotonic() + grace
             while keys and time.monotonic() < deadline:
                 for r, key in list(keys.items()):
@@ -286,7 +288,7 @@ def explain_timeout(comm, exc):
             f"call #{a['seq']} {a['call']} while rank {me} is in call #{comm.seq} {comm.description}{skipped}. "
             f"Messages of different calls never pair, so both waited {comm.timeout:g} s "
             f"(COLLECTIVES_TIMEOUT).\n  " + "\n  ".join(lines))
-    silent = [r for r in info.ranks if r != me and r not in answers]
+    silent = [r for r in (info.ranks[p] for p in comm.involved) if r != me and r not in answers]
     if silent:
         who = ", ".join(map(str, silent))
         via = (f" This rank was waiting on rank {exc.peer}, which is itself stuck waiting: it only "

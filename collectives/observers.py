@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 # Observers (traffic counters and tracers) active in this process.
 _observers = []
 
+# The algorithm name of a group's agreement (collectives.tuning.agreed): its messages are the
+# group's setup, once, not a collective's traffic, so counters keep them apart.
+AGREEMENT = "agreement"
+
 
 @dataclass
 class Message:
@@ -27,6 +31,7 @@ class Message:
     nbytes: int
     start: float
     end: float = float("nan")
+    link_bytes: object = None    # simulator only: {link class: bytes this message put on it}
 
 
 @dataclass
@@ -47,6 +52,9 @@ class CallRecord:
 class Traffic:
     """Counts what this rank sent and received while the counter was active.
 
+    The messages of a group's agreement (its first call, once) are counted apart, in
+    ``setup_bytes``/``setup_messages``: the others are exactly what the algorithms moved.
+
     ``rank``: count only the messages that rank recorded (its sends and its receives),
     for a process that sees several ranks' messages (the simulator); None counts all.
     """
@@ -56,6 +64,11 @@ class Traffic:
     recv_messages: int = 0
     steps: set = field(default_factory=set)
     rank: object = None
+    setup_bytes: int = 0       # sent and received for a group's agreement (once per group)
+    setup_messages: int = 0
+    # simulated messages only: bytes per link class (``collectives.sim.topology``) that this
+    # rank's sends put on the network, once per link crossed
+    link_bytes: dict = field(default_factory=dict)
 
     @property
     def rounds(self):
@@ -65,9 +78,15 @@ class Traffic:
     def _observe(self, msg):
         if self.rank is not None and self.rank != (msg.src if msg.kind == "send" else msg.dst):
             return
+        if msg.algorithm == AGREEMENT:
+            self.setup_bytes += msg.nbytes
+            self.setup_messages += 1
+            return
         if msg.kind == "send":
             self.sent_bytes += msg.nbytes
             self.sent_messages += 1
+            for cls, nbytes in (msg.link_bytes or {}).items():
+                self.link_bytes[cls] = self.link_bytes.get(cls, 0) + nbytes
         else:
             self.recv_bytes += msg.nbytes
             self.recv_messages += 1
@@ -78,10 +97,16 @@ class Traffic:
 
 
 class Trace(list):
-    """:class:`Message` and :class:`CallRecord` records, in order, filled while the tracer is active."""
+    """:class:`Message` and :class:`CallRecord` records, in order, filled while the tracer is active.
+
+    A group's agreement (its first call's setup, :mod:`collectives.tuning.agreed`) belongs to
+    no call, so it is left out: every message traced belongs to a call record.
+    ``COLLECTIVES_VERBOSE=1`` prints its messages; :class:`Traffic` counts them apart.
+    """
 
     def _observe(self, msg):
-        self.append(msg)
+        if msg.algorithm != AGREEMENT:
+            self.append(msg)
 
     def _observe_call(self, call):
         self.append(call)

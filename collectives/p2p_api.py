@@ -18,21 +18,21 @@ Everything the door gives a collective comes with it: the call's hash and the
 size in the tag (a receive of the wrong size waits and is explained instead of
 being half-filled), bounded waits, :func:`~collectives.count_traffic` counters and
 :func:`~collectives.trace` records (messages of collective ``"send_recv"``, algorithm
-``"p2p"``; a call record ``"send"`` or ``"recv"`` around each).
+``"p2p"``; a call record ``"send"`` or ``"recv"`` around each). A message is a call like any
+other: it goes through :func:`collectives.call.run`, with the two ranks it involves and its
+direction's lane, so it gets the profiler range, the group's timeout and an explained
+timeout (which asks only its peer) as a collective does.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import List
 
 import torch
 
-from . import observers
-from .call import CallState, nbytes
-from .engine import Work, engine
-from .observers import CallRecord
-from .p2p_communications import MAX_STEP, Comm
+from .call import CallState, nbytes, run
+from .engine import Work
+from .p2p_communications import MAX_STEP
 
 
 def send(tensor: torch.Tensor, dst: int, group=None, tag: int = 0) -> None:
@@ -123,28 +123,19 @@ def _post(kind, tensor, peer, group, tag, async_op):
     info = call.info
     me = info.rank
     src, dst = (me, peer_rank) if kind == "send" else (peer_rank, me)
-    # Both ends describe the message alike, so both compute the same tag.
-    description = f"p2p(src={info.ranks[src]}, dst={info.ranks[dst]}, tag={tag})"
-    size = nbytes(tensor)
+    step = tag & MAX_STEP        # the tag, as traces show it (the whole tag is in the fingerprint)
 
-    def execute(seq):
-        start = time.time()
-        # one name on both ends, so a trace pairs each send with its receive
-        comm = Comm(info, "send_recv", "p2p", seq, description, call.timeout)
+    def body(comm):
         buf = call.stage(tensor, copy_in=(kind == "send"))
         call.ready()
-        step = tag & MAX_STEP        # the tag, as traces show it (the whole tag is in the description)
         if kind == "send":
             comm.send(buf.flat, peer_rank, step)
         else:
             comm.recv(buf.flat, peer_rank, step)
             buf.done()
-            call.ready()
-        if observers.watched():
-            observers.report_call(CallRecord(kind, "p2p", seq, (info.ranks[src], info.ranks[dst]), me, size,
-                                             start, time.time()))
         return [tensor]
-    # one lane per direction: numbered alike on both ends, in send order
+    # One lane per direction, numbered alike on both ends in send order; both ends describe
+    # the message alike (door_name, fields), so both compute the same tag.
     lane = f"{info.key}|p2p {src}->{dst} tag {tag}"
-    work = engine().submit(execute, f"{kind}(p2p {info.ranks[src]}->{info.ranks[dst]})", async_op, lane)
-    return work if async_op else None
+    return run(call, "p2p", body, async_op, nbytes(tensor), local=None, lane=lane, peers=(src, dst),
+               door_name="send_recv", src=info.ranks[src], dst=info.ranks[dst], tag=tag)

@@ -49,7 +49,7 @@ import zlib
 
 import torch
 
-from . import observers, settings, shm
+from . import flight_recorder, observers, settings, shm
 from .door import Door, each_message
 from .errors import CollectiveError, CollectiveTimeout
 from .group import group_info
@@ -122,7 +122,20 @@ def calm_transport_threads(transport):
 def _gloo_backend(transport):
     """The gloo backend behind a ProcessGroup, whose ``send``/``recv`` skip torch's dispatcher
     (5-9 us of CPU less per exchange measured on the 2-core machine); the transport itself
-    where it is one already (the torch backend's inner group) or has no CPU backend."""
+    where it is one already (the torch backend's inner group) or has no CPU backend.
+
+    Resolved once per transport (asking torch costs a dictionary walk and a device object per
+    call) and kept while the transport lives."""
+    try:
+        found = _resolved.get(transport)
+    except TypeError:   # not weakly referenceable: nothing to keep it by
+        return _resolve(transport)
+    if found is None:
+        found = _resolved[transport] = _resolve(transport)
+    return found
+
+
+def _resolve(transport):
     get = getattr(transport, "_get_backend", None)
     if get is None:
         return transport
@@ -132,6 +145,7 @@ def _gloo_backend(transport):
         return transport
 
 
+_resolved = weakref.WeakKeyDictionary()
 _CPU = torch.device("cpu")
 
 
@@ -190,7 +204,10 @@ class Pending:
         """Wait for every message; all of them share one deadline of ``COLLECTIVES_TIMEOUT``."""
         comm = self.comm
         deadline = time.monotonic() + comm.timeout
+        record = comm.record
         for work, kind, peer, nbytes in self.entries:
+            if record is not None:   # what this call waits on now, for a flight-recorder dump
+                flight_recorder.waiting(record, self.step, kind, comm.ranks[peer], nbytes)
             try:
                 left = max(deadline - time.monotonic(), 0.001)
                 if comm.nccl:
@@ -241,9 +258,15 @@ class Comm(Door):
         description: what every rank of a correct program agrees the call is
             (``all_reduce(op=SUM, shape=[4], dtype=float32, algorithm=ring)``).
         timeout: seconds each wait may take (default: ``COLLECTIVES_TIMEOUT``).
+        involved: the group ranks the call involves (default: all); a point-to-point
+            message involves two, and only they are asked when it times out.
+        lane: the engine lane that numbers the call (default: the group's).
+        tag_text: what the tags identify, where it is not the description (the group's
+            agreement pairs whatever call it precedes).
     """
 
-    def __init__(self, group, collective, algorithm, seq=None, description=None, timeout=None):
+    def __init__(self, group, collective, algorithm, seq=None, description=None, timeout=None,
+                 involved=None, lane=None, tag_text=None):
         info = group_info(group, f"collectives.{collective}")
         self.info = info
         self.group = info.transport
@@ -253,6 +276,8 @@ class Comm(Door):
         self.collective = collective
         self.algorithm = algorithm
         self.seq = seq
+        self.involved = tuple(range(info.size)) if involved is None else tuple(involved)
+        self.lane = lane or info.key
         self.description = description or f"{collective}(algorithm={algorithm})"
         # read once per call, not per message (an environment lookup costs ~2 us)
         self.timeout = settings.timeout_seconds() if timeout is None else timeout
@@ -266,7 +291,12 @@ class Comm(Door):
         if not self.nccl:
             calm_transport_threads(self.group)
             self.group = _gloo_backend(self.group)
-        self.call_tag = call_hash(f"{seq}|{self.description}")
+        # what the tags hash: the description, unless the call says what must pair instead
+        self.call_tag = call_hash(f"{seq}|{tag_text or self.description}")
+        self.record = None    # the call's flight-recorder entry (collectives.flight_recorder)
+        # per group rank, the pid of a peer on this host (the group's agreement), else None:
+        # a transport that can watch a peer's process (shared memory) reads it
+        self.pids = None
 
     @property
     def hosts(self):

@@ -28,6 +28,9 @@ VARIABLES = {
     "COLLECTIVES_GLOO_BATCH": ("1", "gloo's socket threads never preempt the thread they wake (SCHED_BATCH)"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
+    "COLLECTIVES_TRACE_DIR": ("./collectives_trace", "where each rank's flight recorder is dumped (torch's format)"),
+    "COLLECTIVES_DUMP_ON_TIMEOUT": ("0", "on a timeout every rank dumps its flight recorder"),
+    "COLLECTIVES_TRACE_BUFFER": ("2000", "calls each rank's flight recorder keeps"),
     "LOCAL_WORLD_SIZE": ("", "ranks per host (torchrun sets it): the layout the hierarchical all_reduce uses"),
     "COLLECTIVES_LAB_LAYOUT": ("", "set by --lab: the lab host of every rank, e.g. 0,0,1,1"),
     "COLLECTIVES_LAB_RATE": ("", "set by --lab: each lab link's rate in bits per second, one way"),
@@ -230,3 +233,31 @@ def lab_rate():
         raise ValueError(f"COLLECTIVES_LAB_RATE={value!r} is not valid: a whole number of bits per "
                          f"second above 0 (--lab sets it); unset it outside a lab")
     return rate
+
+
+def trace_dir():
+    """Where flight-recorder dumps go: ``COLLECTIVES_TRACE_DIR`` (default ``./collectives_trace``)."""
+    return _raw("COLLECTIVES_TRACE_DIR") or os.path.join(".", "collectives_trace")
+
+
+def trace_dir_set():
+    return _raw("COLLECTIVES_TRACE_DIR") is not None
+
+
+def dump_on_timeout():
+    """``COLLECTIVES_DUMP_ON_TIMEOUT``: on a timeout, every rank dumps its flight recorder."""
+    return _flag("COLLECTIVES_DUMP_ON_TIMEOUT")
+
+
+def trace_buffer():
+    """How many calls each rank's flight recorder keeps: ``COLLECTIVES_TRACE_BUFFER`` (default 2000)."""
+    value = _raw("COLLECTIVES_TRACE_BUFFER")
+    if value is None:
+        return 2000
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"COLLECTIVES_TRACE_BUFFER={value!r} is not valid: a whole number of calls, 1 or more")
+    return n

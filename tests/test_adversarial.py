@@ -324,7 +324,7 @@ def _killed_world(rank, n, algorithm, builtin):
 
 @pytest.mark.parametrize("algorithm,through", [("naive_ring", "api"), ("ring", "api"),
                                                ("recursive_doubling", "api"), ("tree", "api"),
-                                               ("naive_ring", "backend")])
+                                               ("naive_ring", "backend"), ("ring_pipelined", "backend")])
 def test_a_killed_rank_is_named_by_every_survivor_as_soon_as_gloo_knows(algorithm, through):
     env = {"COLLECTIVES_TIMEOUT": "60"}   # the deaths must be found by their closed connections
     gloo = run_world(_killed_world, 3, algorithm, True, env=env, timeout=120)

@@ -5,6 +5,7 @@ import errno
 import gzip
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -57,16 +58,27 @@ def test_a_corrupt_tuning_table_names_the_file_and_what_is_wrong(case, tmp_path,
         tuning.reload()
 
 
-def test_this_machines_damaged_table_is_named_too(tmp_path, monkeypatch):
+@pytest.mark.parametrize("content, wrong", [('{"choices": {"all_reduce"', "it is not JSON"),
+                                             ('[["all_reduce", "ring"]]', "a JSON array, not an object")])
+def test_this_machines_damaged_cache_is_named_once_and_the_shipped_table_used(content, wrong, tmp_path,
+                                                                             monkeypatch):
+    # The per-user cache is disposable (collectives-tune writes it again): a damaged one must not
+    # make every algorithm=None call raise, as it did.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("COLLECTIVES_TUNING_TABLE", raising=False)
+    tuning.reload()
+    shipped_choice = [tuning.choose("all_reduce", size, n) for size in (64, 2 ** 20) for n in (2, 4)]
     os.makedirs(os.path.dirname(tuning.cache_path()))
     with open(tuning.cache_path(), "w") as f:
-        f.write('{"choices": {"all_reduce"')          # cut short
+        f.write(content)
     tuning.reload()
     try:
-        with pytest.raises(ValueError, match=r"this machine's tuning table .* is damaged: it is not JSON"):
-            tuning.choose("all_reduce", 4096, 2)
+        with pytest.warns(RuntimeWarning) as warned:
+            chosen = [tuning.choose("all_reduce", size, n) for size in (64, 2 ** 20) for n in (2, 4)]
+            chosen += [tuning.choose("all_reduce", size, n) for size in (64, 2 ** 20) for n in (2, 4)]
+        assert chosen == shipped_choice * 2
+        [message] = [str(w.message) for w in warned]           # once, not per call
+        assert tuning.cache_path() in message and wrong in message and "shipped" in message, message
     finally:
         tuning.reload()
 
@@ -84,6 +96,34 @@ def test_a_damaged_mnist_file_is_named_and_called_damaged(tmp_path):
     assert "not in" not in str(info.value)
     from collectives.train.loop import data_root
     with pytest.raises(SetupError, match="is damaged"):    # the trainer says it in one line
+        data_root(str(tmp_path), download=True)
+
+
+def _idx(path, dims):
+    """An IDX file as MNIST's (big-endian magic 0x08 0x0N, the dims, then uint8 values)."""
+    import struct
+    values = 1
+    for d in dims:
+        values *= d
+    path.write_bytes(struct.pack(f">I{len(dims)}I", 0x800 + len(dims), *dims) + bytes(values))
+
+
+def test_a_truncated_unpacked_mnist_file_is_named_before_any_rank_reads_it(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in data.FILES:
+        _idx(raw / name, [3, 28, 28] if "images" in name else [3])
+    assert data.prepare_mnist(str(tmp_path), download=False) == str(tmp_path)     # whole: accepted
+    damaged = raw / "train-images-idx3-ubyte"
+    damaged.write_bytes(damaged.read_bytes()[:-100])
+    with pytest.raises(data.DamagedFile) as info:
+        data.prepare_mnist(str(tmp_path), download=False)
+    said = str(info.value)
+    assert said.startswith(f"{damaged} is damaged: ") and "truncated" in said, said
+    assert "it has 2,268 bytes, its header promises 2,368" in said, said
+    assert "delete it" in said and "download" in said, said
+    from collectives.train.loop import data_root
+    with pytest.raises(SetupError, match="is damaged"):
         data_root(str(tmp_path), download=True)
 
 
@@ -111,6 +151,60 @@ def test_torch_saves_own_write_failure_is_said_the_same_way(tmp_path, monkeypatc
     with pytest.raises(SetupError, match=r"most likely a full disk"):
         checkpoint.save_checkpoint({"step": 1}, str(tmp_path / "checkpoint.pt"))
     assert os.listdir(tmp_path) == []
+
+
+def test_torch_saves_unexpected_pos_on_a_full_disk_is_said_the_same_way(tmp_path, monkeypatch):
+    # torch.save on a full disk says only "[enforce fail at inline_container.cc] . unexpected pos
+    # N vs M" (no "write" in it): the text is taken from a real save to /dev/full, always full.
+    real_save = checkpoint.torch.save
+    try:
+        real_save({"w": checkpoint.torch.ones(100000)}, "/dev/full")
+    except RuntimeError as exc:
+        said = str(exc)
+    else:
+        pytest.skip("torch.save to /dev/full did not fail here")
+
+    def full(obj, path, *args, **kwargs):
+        real_save(obj, path)
+        raise RuntimeError(said)
+    checkpoint.save_checkpoint({"step": 1}, str(tmp_path / "checkpoint.pt"))
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(SetupError, match=r"cannot write .*checkpoint\.pt: .*full"):
+        checkpoint.save_checkpoint({"step": 2}, str(tmp_path / "checkpoint.pt"))
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]
+    assert checkpoint.load_checkpoint(str(tmp_path / "checkpoint.pt")) == {"step": 1}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: a disk that really fills (needs root and mount; skipped elsewhere). More than
+    the 1 MiB under which a disk counts as full, so only a write that fills it is called so."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)   # -l: torch may hold a file open
+
+
+def test_a_really_full_disk_says_so_names_the_path_and_keeps_the_previous_checkpoint(small_disk):
+    import torch
+    path = small_disk / "checkpoint.pt"
+    checkpoint.save_checkpoint({"w": torch.ones(100)}, str(path))
+    with pytest.raises(SetupError, match=rf"cannot write {path}: the disk is full") as info:
+        checkpoint.save_checkpoint({"w": torch.ones(2 ** 21)}, str(path))     # 8 MiB
+    assert len(str(info.value).splitlines()) == 1
+    assert torch.equal(checkpoint.load_checkpoint(str(path))["w"], torch.ones(100))
+    assert os.listdir(small_disk) == ["checkpoint.pt"]
+    from collectives.train.curves import write_outputs      # the metrics, written the same way
+    history = [{"epoch": 1, "train_loss": 1.0, "test_loss": 1.0, "test_accuracy": 0.5, "world_size": 1,
+                "note": "x" * 2 ** 23}]
+    with pytest.raises(SetupError, match=rf"cannot write {small_disk}/metrics.json: the disk is full"):
+        write_outputs(str(small_disk), history)
+    assert os.listdir(small_disk) == ["checkpoint.pt"]
 
 
 def test_a_read_only_out_says_so(tmp_path, monkeypatch):

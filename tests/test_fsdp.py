@@ -110,3 +110,54 @@ def test_fsdp_equals_one_process_and_moves_three_halves_of_ddp():
                 assert r["peak"] == own + max(a + b for a, b in zip(sizes, sizes[1:])), where
             else:
                 assert r["peak"] == own + biggest[-1], where
+
+
+def frozen_layers():
+    """layers() with layer 0's weight frozen and layer 2 wholly frozen (torch's FSDP never moves either)."""
+    model = [m.double() for m in layers()]
+    model[0].weight.requires_grad_(False)
+    for p in model[2].parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _frozen(rank, world_size):
+    out = {}
+    for n in (1, 3):
+        group = dist.new_group(list(range(n)))
+        if rank < n:
+            model = FullyShardedDataParallel(frozen_layers(), group=group)
+            opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+            for step in range(STEPS):
+                opt.zero_grad()
+                x, t = batch(rank, step)
+                loss_fn(model(x), t).backward()
+                opt.step()
+            trained = []
+            for i, shard in enumerate(model.shards):
+                flat = torch.empty(shard.numel() * n, dtype=shard.dtype)
+                collectives.all_gather(list(flat.split(shard.numel())), shard.detach(), group=group)
+                trained += [(model.units[i], name, v) for name, v in model.params_of(i, flat).items()]
+            ref = nn.Sequential(*frozen_layers())
+            opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=LR, momentum=MOMENTUM)
+            for step in range(STEPS):
+                opt.zero_grad()
+                xs, ts = zip(*[batch(r, step) for r in range(n)])
+                loss_fn(ref(torch.cat(xs)), torch.cat(ts)).backward()
+                opt.step()
+            start = frozen_layers()
+            out[n] = dict(
+                frozen_same=[torch.equal(model.layers[j].get_parameter(name), start[j].get_parameter(name))
+                             for j, name in [(0, "weight"), (2, "weight"), (2, "bias")]],
+                trained=[(j, name) for j, name, _ in trained],
+                diff=max((v - ref[j].get_parameter(name)).abs().max().item() for j, name, v in trained))
+        collectives.barrier()
+    return out
+
+
+def test_fsdp_never_moves_frozen_parameters():
+    for rank, out in enumerate(run_world(_frozen, 3)):
+        for n, r in out.items():
+            assert r["frozen_same"] == [True, True, True], (rank, n, r["frozen_same"])
+            assert r["trained"] == [(0, "bias"), (4, "weight"), (4, "bias")], (rank, n, r["trained"])
+            assert r["diff"] < 1e-12, (rank, n, r["diff"])

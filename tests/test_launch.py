@@ -251,3 +251,23 @@ def test_a_rank_that_exits_badly_is_the_cause_though_a_peer_reports_first():
         launch.start_world(_exits_badly_and_a_peer_notices_first, 3, start_method="forkserver",
                            preload=["tests.worlds"], timeout=60)
     assert caught.value.rank == 1 and set(caught.value.errors) == {1, 2}
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 2.0, True])
+def test_a_world_of_no_ranks_is_refused(world_size):
+    with pytest.raises(ValueError, match=rf"world_size must be a whole number of at least 1, got {world_size!r}"):
+        launch.start_world(_returns, world_size, start_method="forkserver", preload=["tests.worlds"], timeout=60)
+
+
+def _returns_a_lambda(rank, world_size):
+    return (lambda: rank) if rank == 1 else rank
+
+
+def test_a_rank_returning_what_cannot_be_sent_is_named():
+    with pytest.raises(launch.WorldError) as err:
+        launch.run_in_group(_returns_a_lambda, 3, start_method="forkserver", preload=["tests.worlds"],
+                            timeout=120)
+    assert err.value.rank == 1, str(err.value)
+    msg = str(err.value)
+    assert msg.startswith("rank 1 of 3 failed") and "returned a function" in msg, msg
+    assert "cannot be sent to the launcher" in msg, msg

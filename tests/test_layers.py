@@ -18,12 +18,14 @@ PACKAGE = ROOT / "collectives"
 LAYERS = [
     ("algorithms", ["algorithms/"]),
     ("ground", ["errors", "reduce_ops", "settings"]),
-    ("interfaces", ["door", "observers", "group", "shm"]),
+    ("interfaces", ["door", "observers", "group", "flight_recorder", "shm"]),
     ("the real door", ["p2p_communications"]),
     ("around the door", ["desync", "engine", "tuning/"]),
     ("the call path", ["call", "api", "tensor_api", "p2p_api"]),
     ("built on the collectives", ["backend/", "parallel/", "tools/", "sim/"]),
-    ("applications", ["train/", "__init__"]),
+    ("pictures of runs", ["viz/"]),
+    ("applications", ["train/", "plan/", "__init__", "sim.cli", "sim.__main__", "viz.cli", "viz.__main__",
+                      "viz.shots"]),
 ]
 
 
@@ -40,6 +42,9 @@ def modules():
 
 
 def layer_of(name):
+    for index, (_, members) in enumerate(LAYERS):   # a module named on its own outranks its folder
+        if name in members:
+            return index
     for index, (_, members) in enumerate(LAYERS):
         for m in members:
             if m.endswith("/"):

@@ -197,3 +197,27 @@ def test_a_receive_of_the_wrong_size_waits_and_is_explained():
     # waited for and the rank, and never returns half-filled data
     assert "32 bytes from rank 0" in r[1], r[1]
     assert "timed out after 2 s" in r[1] or "closed the connection" in r[1], r[1]
+
+
+def _unequal(rank, world_size):
+    stage = PipelineStage(nn.Linear(WIDTH, WIDTH).double(), recv_shape=(3, WIDTH), dtype=torch.float64)
+    x = torch.zeros(10, WIDTH, dtype=torch.float64)
+    started = time.monotonic()
+    try:
+        stage.step(4, list(x.chunk(4)) if stage.first else None,
+                   list(x.chunk(4)) if stage.last else None, loss_fn)
+    except Exception as exc:        # noqa: BLE001 (the peers' error is whatever reached them)
+        return type(exc).__name__, str(exc), time.monotonic() - started
+    return "no error", "", time.monotonic() - started
+
+
+def test_unequal_micro_batches_are_refused_at_once_by_the_first_stage():
+    # A batch of 10 in 4 chunks: 3, 3, 3, 1. The first stage holds them all and refuses before any
+    # message; its leaving ends the others' waits (they waited out COLLECTIVES_TIMEOUT before).
+    results = run_world(_unequal, 3, env={"COLLECTIVES_TIMEOUT": "60"})
+    kind, said, took = results[0]
+    assert kind == "ValueError" and took < 1, results[0]
+    assert "micro-batches of unequal size [(3, 6), (3, 6), (3, 6), (1, 6)]" in said, said
+    for rank in (1, 2):
+        kind, said, took = results[rank]
+        assert kind == "CollectiveError" and took < 30, (rank, results[rank])

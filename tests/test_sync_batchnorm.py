@@ -106,3 +106,36 @@ def test_convert_keeps_state_dtype_and_structure():
     assert isinstance(converted[1], SyncBatchNorm) and isinstance(converted[2][0], SyncBatchNorm)
     assert converted[1].running_mean.dtype == torch.float64 and converted[1].running_mean[0] == 3.0
     assert converted[1].num_batches_tracked.dtype == torch.int64
+
+
+def one_value_per_channel(rank, world_size):
+    """One sample in the whole global batch (on rank 0; the others have none): nn.BatchNorm1d's error on
+    every rank, the running statistics untouched; two samples (on different ranks) are fine."""
+    bn = SyncBatchNorm(3)
+    out = {}
+    for samples in ([1] + [0] * (world_size - 1), [1, 1] + [0] * (world_size - 2)):
+        if len(samples) != world_size:
+            continue
+        x = torch.full((samples[rank], 3), float(rank + 1))
+        try:
+            bn(x)
+            out[sum(samples)] = "ok"
+        except ValueError as exc:
+            out[sum(samples)] = str(exc)
+        out[f"var after {sum(samples)}"] = bn.running_var.tolist()
+    try:
+        nn.BatchNorm1d(3)(torch.ones(1, 3))
+    except ValueError as exc:
+        out["torch"] = str(exc)
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_one_value_per_channel_in_the_global_batch_raises_like_batchnorm(world_size):
+    for out in run_world(one_value_per_channel, world_size):
+        assert out["torch"].startswith("Expected more than 1 value per channel when training")
+        assert out[1].startswith("Expected more than 1 value per channel when training"), out[1]
+        assert "1 value in the batch of every rank together" in out[1], out[1]
+        assert out["var after 1"] == [1.0, 1.0, 1.0]
+        if world_size > 1:
+            assert out[2] == "ok"

@@ -158,6 +158,52 @@ def test_stale_lock_is_taken_over(tmp_path, tmp_path_factory):
     assert not (tmp_path / "train.lock").exists()       # released at the end
 
 
+TRIALS = 60
+
+
+def _racer(outs, barrier, held):
+    """Take each trial's stale lock at the same moment as the other racer; note each success."""
+    from collectives.tools.launch import SetupError
+    from collectives.train.lock import acquire_lock, release_lock
+    sys.stdout = open(os.devnull, "w")      # the takeover notices
+    for trial, out in enumerate(outs):
+        barrier.wait()
+        try:
+            lock = acquire_lock(out)
+        except SetupError:
+            lock = None
+        if lock is not None:
+            held.put((trial, os.getpid()))
+        barrier.wait()                      # both have tried while the winner holds it
+        if lock is not None:
+            release_lock(lock)
+
+
+def test_two_processes_restarted_together_never_both_take_a_stale_lock(tmp_path):
+    import multiprocessing
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    outs = []
+    for trial in range(TRIALS):
+        write_lock(tmp_path / str(trial), int(dead.stdout))
+        outs.append(str(tmp_path / str(trial)))
+    ctx = multiprocessing.get_context("fork")
+    barrier, held = ctx.Barrier(2, timeout=60), ctx.Queue()
+    racers = [ctx.Process(target=_racer, args=(outs, barrier, held)) for _ in range(2)]
+    for r in racers:
+        r.start()
+    for r in racers:
+        r.join(120)
+    assert [r.exitcode for r in racers] == [0, 0]
+    holders = {}
+    while not held.empty():
+        trial, pid = held.get()
+        holders.setdefault(trial, []).append(pid)
+    both = sorted(t for t, pids in holders.items() if len(pids) > 1)
+    assert not both, f"in {len(both)} of {TRIALS} trials both processes held the lock: {both}"
+    assert sorted(holders) == list(range(TRIALS)), "a stale lock was taken by neither"
+
+
 def fake_checkpoint(out, argv, epoch=1, steps=4):
     """A checkpoint as a run with ``argv`` would leave it after ``epoch`` epochs."""
     args = cli.parse_args(["--out", str(out), *argv])
@@ -240,3 +286,63 @@ def test_gloo_ranks_share_a_gpu_with_cuda_tensors(tmp_path, tmp_path_factory):
                       *SMALL], mnist_env(tmp_path_factory))
     check_ok(proc)
     assert "backend gloo, device cuda" in proc.stdout
+
+
+def refusal(argv, monkeypatch):
+    """What ``python -m collectives.train ARGV`` says when it stops before any rank starts."""
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("a rank was started")
+    monkeypatch.setattr(cli.launch, "run_job", no_ranks)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(argv)
+    return str(stopped.value.code)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--batch-size", "-4"], "--batch-size must be at least 1, got -4"),
+    (["--bucket-cap-mb", "0"], "--bucket-cap-mb must be a positive number, got 0.0"),
+    (["--bucket-cap-mb", "nan"], "--bucket-cap-mb must be a positive number, got nan"),
+    (["--lr", "nan"], "--lr must be a finite number >= 0, got nan"),
+    (["--lr", "inf"], "--lr must be a finite number >= 0, got inf"),
+    (["--lr", "-0.1"], "--lr must be a finite number >= 0, got -0.1"),
+    (["--momentum", "nan"], "--momentum must be a finite number >= 0, got nan"),
+    (["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0, got -1.0"),
+    (["--subset", "0"], "--subset must be at least 1, got 0"),
+    (["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    (["--max-steps", "0"], "--max-steps must be at least 1, got 0"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every must be at least 0, got -1"),
+    (["--threads", "0"], "--threads must be at least 1, got 0"),
+])
+def test_a_bad_argument_is_one_line_naming_it_before_any_rank(argv, named, tmp_path, monkeypatch):
+    said = refusal(["--world-size", "2", "--out", str(tmp_path), *argv], monkeypatch)
+    assert said == f"collectives.train: {named}", said
+    assert not (tmp_path / "train.lock").exists()
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda p: p.write_bytes(os.urandom(4096)), "cannot be read as a checkpoint"),
+    (lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]), "cannot be read as a checkpoint"),
+    (lambda p: torch.save({}, p), "is not a checkpoint of collectives.train: it has no model, optimizer"),
+    (lambda p: torch.save([1, 2], p), "is not a checkpoint of collectives.train: it holds a list"),
+])
+def test_a_damaged_checkpoint_is_one_line_naming_the_file(damage, what, tmp_path, monkeypatch):
+    fake_checkpoint(tmp_path, ["--epochs", "3"])
+    path = tmp_path / "checkpoint.pt"
+    damage(path)
+    said = refusal(["--world-size", "2", "--out", str(tmp_path), "--resume", "--epochs", "3"], monkeypatch)
+    assert said.startswith(f"collectives.train: --resume: {path} ") and what in said, said
+    assert "delete it" in said and len(said.splitlines()) == 1, said
+
+
+def test_resume_with_another_powersgd_rank_is_refused(tmp_path):
+    # The checkpoint's Qs have r columns: another --powersgd-rank is another run.
+    fake_checkpoint(tmp_path, ["--compression", "powersgd", "--powersgd-rank", "2"])
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["args"]
+    now = cli.parse_args(["--out", str(tmp_path), "--compression", "powersgd", "--powersgd-rank", "4"])
+    assert checkpoint.resume_differences(saved, now) == ["--powersgd-rank: 2 in the checkpoint, 4 now"]
+    same = cli.parse_args(["--out", str(tmp_path), "--compression", "powersgd", "--powersgd-rank", "2"])
+    assert checkpoint.resume_differences(saved, same) == []
+    del saved["powersgd_rank"]          # a checkpoint written before the flag existed: r = 4 then
+    assert checkpoint.resume_differences(saved, now) == []

@@ -233,3 +233,59 @@ def test_best_from_rows_weighs_each_size_with_its_neighbours():
     picks = dict(tuning.best_from_rows(rows)["all_gather"]["4"])
     assert picks[16384] == "recursive_doubling"
     assert picks[262144] == picks[1 << 20] == picks[16 << 20] == "ring"
+
+
+# --- tuning that noise cannot fool ---------------------------------------------------------
+
+def _point(label, samples, collective="all_reduce", n=2, size=1 << 20, untuned="ring"):
+    row = {"collective": collective, "world_size": n, "size": size, "algorithm": label,
+           "time_us": sorted(samples)[len(samples) // 2], "samples_us": list(samples)}
+    if label in ("untuned", "untuned_again"):
+        row["untuned_algorithm"] = untuned
+    return row
+
+
+def test_a_gain_within_the_noise_never_replaces_the_untuned_choice():
+    from collectives.tuning.tables import decide_from_rows
+    base = [100, 140, 90, 160, 100, 130, 95, 150]
+    again = [130, 100, 150, 95, 140, 90, 160, 100]      # the same code: +-40% round to round
+    lucky = [90, 120, 85, 140, 92, 120, 90, 139]          # 7-14% faster: within that noise
+    rows = [_point("untuned", base), _point("untuned_again", again), _point("ring", base),
+            _point("naive_ring", lucky)]
+    decided, evidence = decide_from_rows(rows)
+    assert decided == {"all_reduce": {"2": [[1 << 20, "ring"]]}}
+    assert evidence[0]["chosen"] == "ring" and evidence[0]["noise"] > 0.1
+
+
+def test_a_clear_gain_replaces_it():
+    from collectives.tuning.tables import decide_from_rows
+    base = [100, 102, 99, 101, 100, 98, 103, 100]
+    again = [101, 100, 100, 99, 102, 100, 99, 101]        # quiet: noise about 2%
+    faster = [60, 61, 59, 62, 60, 58, 63, 60]             # 40% faster, every round
+    slower = [150] * 8
+    rows = [_point("untuned", base), _point("untuned_again", again), _point("recursive_doubling", faster),
+            _point("tree", slower)]
+    decided, evidence = decide_from_rows(rows)
+    assert decided == {"all_reduce": {"2": [[1 << 20, "recursive_doubling"]]}}
+    assert evidence[0]["untuned"] == "ring" and evidence[0]["ratio"] < 0.65
+
+
+def test_a_faster_median_with_slow_rounds_is_not_enough():
+    from collectives.tuning.tables import decide_from_rows
+    base = [100] * 8
+    again = [100, 99, 101, 100, 100, 101, 99, 100]
+    mixed = [70, 70, 70, 70, 140, 140, 140, 70]           # median 0.70, upper quartile 1.4
+    decided, _ = decide_from_rows([_point("untuned", base), _point("untuned_again", again),
+                                   _point("tree", mixed)])
+    assert decided["all_reduce"]["2"] == [[1 << 20, "ring"]]
+
+
+def test_the_table_records_its_transport_and_evidence(tmp_path):
+    from collectives.tuning import tables
+    path = tmp_path / "t.json"
+    rows = [_point("untuned", [100] * 4), _point("untuned_again", [100] * 4), _point("tree", [50] * 4)]
+    tables.write_table(str(path), rows, {}, {"transport": "shm"})
+    written = json.loads(path.read_text())
+    assert written["transport"] == "shm"
+    assert written["choices"]["all_reduce"]["2"] == [[1 << 20, "tree"]]
+    assert written["evidence"][0]["chosen"] == "tree"

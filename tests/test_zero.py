@@ -127,3 +127,31 @@ def test_optimizer_state_falls_as_one_over_n_and_traffic_equals_all_reduce():
     one, four = results[0][(1, 1)]["state"], results[0][(4, 1)]["state"]
     assert one == results[0]["torch_adam"] - 3 * 4     # one step counter instead of four
     assert four < one / 3.9
+
+
+def mixed_dtypes(rank, world_size):
+    """A bf16 parameter first, then fp32 ones; lr 0: nothing may change, not even by rounding."""
+    out = {}
+    for n, group in groups_of(world_size).items():
+        if rank >= n:
+            continue
+        torch.manual_seed(0)
+        params = [nn.Parameter(torch.randn(5, dtype=torch.bfloat16)), nn.Parameter(torch.randn(7) / 3),
+                  nn.Parameter(torch.randn(2, 3, dtype=torch.bfloat16)), nn.Parameter(torch.randn(1))]
+        before = [p.detach().clone() for p in params]
+        opt = ZeroOptimizer(params, torch.optim.SGD, group=group, lr=0.0)
+        built = [p.detach().clone() for p in params]
+        for p in params:
+            p.grad = torch.full_like(p, rank + 1.0)
+        opt.step()
+        out[n] = [(a.dtype, b.dtype, c.dtype, torch.equal(a, b), torch.equal(a, c))
+                  for a, b, c in zip(before, built, params)]
+    return out
+
+
+def test_each_parameter_keeps_its_dtype_and_its_value():
+    for rank, results in enumerate(run_world(mixed_dtypes, 3)):
+        for n, rows in results.items():
+            for i, (want, built, stepped, same_built, same_stepped) in enumerate(rows):
+                assert built == stepped == want, (rank, n, i, want, built, stepped)
+                assert same_built and same_stepped, f"rank {rank}, group of {n}: parameter {i} ({want}) changed"

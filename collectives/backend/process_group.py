@@ -10,11 +10,12 @@ from torch._C._distributed_c10d import Backend as _C10dBackend
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 from torch._C._distributed_c10d import Work as _C10dWork
 
-from .. import api, reduce_ops, settings, tensor_api
+from .. import api, observers, reduce_ops, settings, tensor_api
 from ..call import check_tensor
 from ..engine import engine, wait_for
 from ..errors import UnsupportedOperation
 from ..group import GroupInfo
+from ..p2p_communications import Comm
 from ..tuning import agreed
 
 NAME = "collectives"
@@ -112,14 +113,6 @@ class CollectivesBackend:
         self._timeout = timeout
         self._store = store
         self._algorithms = settings.algorithm_overrides()
-        # Every member must run the same algorithm for each call: COLLECTIVES_ALGO must agree
-        # (one clear error on every rank, here, before any transport exists, if it does not),
-        # and the automatic choice reads group rank 0's tuning tables (collectives.tuning.agreed).
-        # Creating a group is collective: every member is here.
-        wait = min(settings.timeout_seconds(), _seconds(timeout) or settings.MAX_TIMEOUT)
-        if size > 1:
-            agreed.same_everywhere(store, rank, self._ranks, "COLLECTIVES_ALGO",
-                                   ",".join(f"{c}:{a}" for c, a in sorted(self._algorithms.items())), wait)
         # A prefixed copy of the store, so the inner transport's keys never meet
         # the ones torch (or another backend on this group) writes.
         self._transport = ProcessGroupGloo(PrefixStore(f"{NAME}/", store), rank, size, timeout)
@@ -128,9 +121,19 @@ class CollectivesBackend:
         self._p2p_transport = ProcessGroupGloo(PrefixStore(f"{NAME}-p2p/", store), rank, size, timeout)
         self._info = GroupInfo(self._transport, tuple(self._ranks), rank, "gloo", f"pg:{group_name}", store,
                                _seconds(timeout))
+        # Every member must run the same algorithm for each call: COLLECTIVES_ALGO must agree
+        # (one clear error on every rank, here, before any collective, if it does not), and the
+        # automatic choice reads group rank 0's tuning tables. Creating a group is collective:
+        # every member is here, so the group agrees now, over its own messages
+        # (collectives.tuning.agreed), and its calls never wait on anything but their own.
         if size > 1:
+            wait = min(settings.timeout_seconds(), _seconds(timeout) or settings.MAX_TIMEOUT)
+            algos = ",".join(f"{c}:{a}" for c, a in sorted(self._algorithms.items()))
             try:
-                agreed.tables_of(self._info, wait)
+                agreed.forget(self._info.key)
+                agreed.of(self._info, lambda: Comm(self._info, "agree", observers.AGREEMENT, -1,
+                                                   "agree(group creation)", wait),
+                          {"COLLECTIVES_ALGO": algos})
             except BaseException:
                 self.abort()
                 raise

@@ -125,6 +125,18 @@ class PowerSGD:
         self.name = f"powersgd{rank}"
         self.errors, self.qs = {}, {}
 
+    def state_dict(self, names):
+        """This rank's state (errors and Qs) keyed by parameter name: ``names`` maps each key
+        (an ``id``, valid in this process only) to its name. A checkpoint needs it: without
+        it a resumed run starts from no error and a fresh Q and is no longer the same run."""
+        return {"errors": {names[k]: v for k, v in self.errors.items()},
+                "qs": {names[k]: v for k, v in self.qs.items()}}
+
+    def load_state_dict(self, state, keys):
+        """Restore :meth:`state_dict`'s output; ``keys`` maps each name to this process's key."""
+        self.errors = {keys[n]: v.clone() for n, v in state["errors"].items()}
+        self.qs = {keys[n]: v.clone() for n, v in state["qs"].items()}
+
     def compressed(self, grad):
         """True if ``grad`` is sent as rank-r factors (a matrix that gains from it)."""
         if grad.dim() < 2:

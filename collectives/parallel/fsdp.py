@@ -61,8 +61,9 @@ class FullyShardedDataParallel(nn.Module):
     ranks' batches together (rank 0's initial weights are broadcast, as DDP does).
 
     Args:
-        layers (list[nn.Module]): The model, in order; their parameters are taken over
-            (each layer's own tensors are emptied).
+        layers (list[nn.Module]): The model, in order; their trained parameters are taken
+            over (each layer's own tensors are emptied); frozen ones (``requires_grad=False``)
+            stay whole in the layer, rank 0's values on every rank, and never change.
         group (ProcessGroup, optional): Ranks to shard over; None for all.
         prefetch (bool): Start the next layer's all-gather before computing this one.
         algorithm (str): Algorithm of the all-gathers and the reduce-scatters.
@@ -81,12 +82,18 @@ class FullyShardedDataParallel(nn.Module):
         self.group, self.prefetch, self.algorithm = group, prefetch, algorithm
         self.world, self.rank = info.size, info.rank
         self.layers = list(layers)      # not submodules: parameters() is the pieces alone
-        # a unit is a layer with parameters (activations like Tanh just run)
-        self.units = [j for j, layer in enumerate(self.layers) if any(True for _ in layer.parameters())]
+        # Frozen parameters (requires_grad=False) stay whole in their layer on every rank,
+        # rank 0's copy: packed into a trained piece, the optimizer would move them.
+        for layer in self.layers:
+            for p in layer.parameters():
+                if not p.requires_grad:
+                    api.broadcast(p.data, src=info.ranks[0], group=group)
+        # a unit is a layer with trained parameters (activations like Tanh, frozen layers just run)
+        self.units = [j for j, layer in enumerate(self.layers) if any(p.requires_grad for p in layer.parameters())]
         self.names, self.shapes, self.piece = [], [], []
         self.shards = nn.ParameterList()
         for j in self.units:
-            params = dict(self.layers[j].named_parameters())
+            params = {name: p for name, p in self.layers[j].named_parameters() if p.requires_grad}
             flat_len = sum(p.numel() for p in params.values())
             k = math.ceil(flat_len / self.world)
             flat = torch.zeros(k * self.world, dtype=next(iter(params.values())).dtype)
@@ -135,7 +142,8 @@ class FullyShardedDataParallel(nn.Module):
         return pieces + sum(f.untyped_storage().nbytes() for f in self.full if f is not None)
 
     def params_of(self, i, flat):
-        """Unit i's parameters as views of its flat vector, by name (for ``functional_call``)."""
+        """Unit i's trained parameters as views of its flat vector, by name (for ``functional_call``,
+        which takes the frozen ones from the layer itself)."""
         views, offset = {}, 0
         for name, shape in zip(self.names[i], self.shapes[i]):
             n = math.prod(shape)

@@ -121,6 +121,14 @@ class PipelineStage:
         if (self.first and len(micro_batches) != m) or (self.last and (len(targets) != m or loss_fn is None)):
             raise ValueError(f"PipelineStage.step: the first stage needs m={m} micro_batches, the last m "
                              f"targets and a loss_fn")
+        if self.first and len({tuple(x.shape) for x in micro_batches}) > 1:
+            # The next stage receives every activation into one recv_shape: an unequal
+            # micro-batch (a batch of 10 in 4 chunks: 3, 3, 3, 1) would wait there until the
+            # timeout. Refused here, before the first message.
+            raise ValueError(f"PipelineStage.step: micro-batches of unequal size "
+                             f"{[tuple(x.shape) for x in micro_batches]}; every stage receives one "
+                             f"shape, so split the batch into {m} equal micro-batches (a batch size "
+                             f"divisible by m)")
         self.spans, self.peak_held = [], 0
         me = dist.get_rank()
         held = {}           # micro-batch -> (input, output or loss): what its backward needs

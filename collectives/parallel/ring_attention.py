@@ -20,7 +20,8 @@ the Llama 3 and Megatron "context parallel" is this with all-gathers):
 
 Causal attention: chunk j < r is attended in full, chunk r with the causal mask,
 chunks j > r not at all (they still pass through: the ring is the ring). So low
-ranks idle while high ranks work; "zig-zag" chunk orders fix that, not done here.
+ranks idle while high ranks work; the "zig-zag" chunk order fixes that
+(:mod:`collectives.parallel.ring_attention_zigzag`).
 
 Bytes rank r sends for one layer and step, c = bytes of one K chunk
 (B x heads x S/N x head_dim x e): forward (N-1) x 2c in N-1 messages, backward

@@ -64,6 +64,11 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         total = counts.sum()
         if total == 0:
             raise ValueError("SyncBatchNorm got an empty batch on every rank")
+        if total == 1:
+            # nn.BatchNorm's refusal: one value has no variance (it returned zeros and dragged
+            # running_var toward 0). The count is the all-gathered one: every rank raises.
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size "
+                             f"{tuple(x.shape)} on this rank and 1 value in the batch of every rank together")
         mean = (counts * means).sum(0) / total
         # Parallel variance: each rank's spread around its own mean, plus its mean's distance to the global one.
         var = (counts * (variances + (means - mean) ** 2)).sum(0) / total

@@ -40,11 +40,14 @@ from .. import api
 class ZeroOptimizer:
     """Shard ``optimizer_class``'s state over the ranks of ``group`` (ZeRO stage 1 or 2).
 
-    The parameters are viewed as one flat vector, padded with zeros to N equal
-    shards; rank r owns shard r and keeps an ``optimizer_class`` over that
-    shard only. Call :meth:`step` after ``loss.backward()`` (on this rank's own
-    data, gradients not averaged): it averages the gradients, updates the
-    shard, and leaves every rank with the same new parameters.
+    The parameters of each dtype are viewed as one flat vector, padded with
+    zeros to N equal shards; rank r owns shard r of every such vector and keeps
+    one ``optimizer_class`` over its shards only. Each parameter keeps its own
+    dtype (a bf16 parameter never turns an fp32 one into bf16), as torch's
+    ``ZeroRedundancyOptimizer`` does. Call :meth:`step` after
+    ``loss.backward()`` (on this rank's own data, gradients not averaged): it
+    averages the gradients, updates the shards, and leaves every rank with the
+    same new parameters.
 
     Args:
         params (iterable of Tensor): The model's parameters, identical on every
@@ -72,69 +75,84 @@ class ZeroOptimizer:
         self.group, self.stage, self.algorithm = group, stage, algorithm
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        total = sum(p.numel() for p in self.params)
-        self.shard_size = math.ceil(total / self.world_size)
-        self.padded_size = self.shard_size * self.world_size
         src = dist.get_process_group_ranks(group)[0] if group is not None else 0
-        flat = self._flatten([p.detach() for p in self.params])
-        api.broadcast(flat, src=src, group=group)        # every rank starts from the same weights
-        self._unflatten_into_params(flat)
-        start = self.rank * self.shard_size
-        # The only copy of "my" parameters the optimizer sees: its state is allocated for this alone.
-        self.shard = torch.nn.Parameter(flat[start:start + self.shard_size].clone())
-        self.optimizer = optimizer_class([self.shard], **defaults)
+        # One flat vector per (device, dtype), in the order of first appearance: a
+        # single vector in the first parameter's dtype would round every other one.
+        kinds = {}
+        for p in self.params:
+            kinds.setdefault((p.device, p.dtype), []).append(p)
+        self.buckets = []
+        for members in kinds.values():
+            shard_size = math.ceil(sum(p.numel() for p in members) / self.world_size)
+            bucket = dict(params=members, shard_size=shard_size, padded_size=shard_size * self.world_size)
+            flat = self._flatten(bucket, [p.detach() for p in members])
+            api.broadcast(flat, src=src, group=group)        # every rank starts from the same weights
+            self._unflatten_into_params(bucket, flat)
+            start = self.rank * shard_size
+            # The only copy of "my" parameters the optimizer sees: its state is allocated for this alone.
+            bucket["shard"] = torch.nn.Parameter(flat[start:start + shard_size].clone())
+            self.buckets.append(bucket)
+        self.padded_size = sum(b["padded_size"] for b in self.buckets)
+        self.shards = [b["shard"] for b in self.buckets]
+        self.optimizer = optimizer_class(self.shards, **defaults)
 
-    def _flatten(self, tensors):
-        """One flat vector of the tensors, zero-padded to N equal shards."""
-        flat = torch.zeros(self.padded_size, dtype=self.params[0].dtype, device=self.params[0].device)
+    @staticmethod
+    def _flatten(bucket, tensors):
+        """One flat vector of a bucket's tensors, zero-padded to N equal shards."""
+        first = bucket["params"][0]
+        flat = torch.zeros(bucket["padded_size"], dtype=first.dtype, device=first.device)
         offset = 0
         for t in tensors:
             flat[offset:offset + t.numel()].copy_(t.reshape(-1))
             offset += t.numel()
         return flat
 
-    def _unflatten_into_params(self, flat):
+    @staticmethod
+    def _unflatten_into_params(bucket, flat):
         offset = 0
         with torch.no_grad():
-            for p in self.params:
+            for p in bucket["params"]:
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
 
     def step(self):
-        """Average the gradients, update this rank's shard, gather the new parameters."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat_grad = self._flatten(grads)
-        grad_shard = torch.empty(self.shard_size, dtype=flat_grad.dtype, device=flat_grad.device)
-        # 1. reduce-scatter: the sum of shard r over all ranks arrives on rank r.
-        api.reduce_scatter(grad_shard, list(flat_grad.split(self.shard_size)), group=self.group,
-                           algorithm=self.algorithm)
-        self.shard.grad = grad_shard.div_(self.world_size)
+        """Average the gradients, update this rank's shards, gather the new parameters."""
+        for bucket in self.buckets:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket["params"]]
+            flat_grad = self._flatten(bucket, grads)
+            grad_shard = torch.empty(bucket["shard_size"], dtype=flat_grad.dtype, device=flat_grad.device)
+            # 1. reduce-scatter: the sum of shard r over all ranks arrives on rank r.
+            api.reduce_scatter(grad_shard, list(flat_grad.split(bucket["shard_size"])), group=self.group,
+                               algorithm=self.algorithm)
+            bucket["shard"].grad = grad_shard.div_(self.world_size)
         if self.stage == 2:
             for p in self.params:     # keep only the reduced shard of the gradients
                 p.grad = None
-        # 2. the optimizer, on my shard only.
+        # 2. the optimizer, on my shards only.
         self.optimizer.step()
-        # 3. all-gather: every rank's updated shard, into one flat parameter vector.
-        flat = torch.empty(self.padded_size, dtype=self.shard.dtype, device=self.shard.device)
-        api.all_gather(list(flat.split(self.shard_size)), self.shard.detach(), group=self.group,
-                       algorithm=self.algorithm)
-        self._unflatten_into_params(flat)
+        # 3. all-gather: every rank's updated shard, into one flat parameter vector per dtype.
+        for bucket in self.buckets:
+            shard = bucket["shard"]
+            flat = torch.empty(bucket["padded_size"], dtype=shard.dtype, device=shard.device)
+            api.all_gather(list(flat.split(bucket["shard_size"])), shard.detach(), group=self.group,
+                           algorithm=self.algorithm)
+            self._unflatten_into_params(bucket, flat)
 
     def zero_grad(self, set_to_none=True):
-        """Clear the model's gradients (and the gradient shard)."""
-        for p in self.params + [self.shard]:
+        """Clear the model's gradients (and the gradient shards)."""
+        for p in self.params + self.shards:
             if set_to_none:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
 
     def state_bytes(self):
-        """Bytes of optimizer state this rank holds (e.g. Adam's exp_avg and exp_avg_sq of its shard)."""
+        """Bytes of optimizer state this rank holds (e.g. Adam's exp_avg and exp_avg_sq of its shards)."""
         return optimizer_state_bytes(self.optimizer)
 
     def grad_bytes(self):
-        """Bytes of gradients this rank holds now: the full ones (stage 1) or the shard's (stage 2)."""
-        held = [p.grad for p in self.params + [self.shard] if p.grad is not None]
+        """Bytes of gradients this rank holds now: the full ones (stage 1) or the shards' (stage 2)."""
+        held = [p.grad for p in self.params + self.shards if p.grad is not None]
         return sum(g.numel() * g.element_size() for g in held)
 
 

@@ -109,6 +109,8 @@ def parser():
                    help=f"{', '.join(topologies.names())}, or a JSON file (default ethernet-100g)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows as a JSON list")
     p.add_argument("--trace", default=None, metavar="FILE", help="Perfetto trace of the first point")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="the browser lab's page (collectives.viz) of the first algorithm at the first world size")
     return p
 
 
@@ -206,4 +208,9 @@ def main(argv=None):
               f"{human(points[0])} to {args.trace} (simulated time; open it in ui.perfetto.dev)")
     if args.check:
         print("# every rank's result equals the closed form")
+    if args.html:   # --html: collectives.viz draws the first point (sizes aside: it picks its own)
+        from .. import viz
+        c, (name, fn) = todo[0][0], todo[0][1][0]
+        viz.page(c, fn, args.world_size[0], path=args.html, topology=spec, root=args.root)
+        print(f"# wrote {args.html}: {c}/{name} on {args.world_size[0]} ranks, drawn by collectives.viz")
     return 0

@@ -42,6 +42,7 @@ import sys
 import time
 import traceback
 from collections import Counter
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.distributed as dist
@@ -264,7 +265,19 @@ def _child(rank, env, fn, args, results, netns=None):
         tb = traceback.format_exc()
         results.put((rank, False, Failure(tb, culprit) if isinstance(culprit, int) else tb))
         sys.exit(1)
+    try:
+        # The queue pickles in a background thread that only prints its error: the rank then
+        # exited 0 and the launcher reported None. Try here, where the failure can be named.
+        ForkingPickler.dumps(value)
+    except Exception as exc:
+        results.put((rank, False, f"rank {rank} returned {_kind(value)}, which cannot be sent to the "
+                                  f"launcher (it must be picklable): {type(exc).__name__}: {exc}\n"))
+        sys.exit(1)
     results.put((rank, True, value))
+
+
+def _kind(value):
+    return "a function" if callable(value) and hasattr(value, "__code__") else f"a {type(value).__name__}"
 
 
 class Failure(str):
@@ -347,7 +360,7 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
     Args:
         fn: A module-level function (it is sent to the processes by name). It
             reads its rank from the environment (:func:`place`).
-        world_size (int): Number of processes.
+        world_size (int): Number of processes, at least 1.
         *args: Arguments for ``fn``.
         env (dict, optional): Environment variables set in every process first.
         timeout (float, optional): Seconds before every process is killed and
@@ -364,11 +377,16 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
         judges its workers; its result is None.
 
     Raises:
+        ValueError: ``world_size`` is not a whole number of at least 1.
         SetupError: ``MASTER_PORT`` is unusable, or the lab cannot be built here or does not
             fit the world (the message says which).
-        WorldError: a rank raised or died (the others were stopped).
+        WorldError: a rank raised or died (the others were stopped), or returned a value that
+            cannot be pickled to the launcher (the rank is named).
         TimeoutError: the world did not finish within ``timeout``.
     """
+    # 0 or -1 ranks returned [] as if a world had run; a float or bool is a caller's mistake.
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number of at least 1, got {world_size!r}")
     spec = lab_spec(lab)
     if spec is None:
         return _start(fn, world_size, args, env, timeout, start_method, preload, None)

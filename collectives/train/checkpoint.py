@@ -22,6 +22,16 @@ def cannot_write(path, exc):
                       f"another --out.")
 
 
+def _nearly_full(folder):
+    """True when the file system of ``folder`` has less than 1 MiB left to this process."""
+    try:
+        st = os.statvfs(folder or ".")
+    except OSError:
+        return False
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail     # root may use the reserved blocks
+    return free * st.f_frsize < 2 ** 20
+
+
 def save_atomic(write, path):
     """Write ``path`` through ``write(tmp_path)`` then rename: readers see the old file or the new one.
 
@@ -41,13 +51,19 @@ def save_atomic(write, path):
             os.remove(tmp)
         raise cannot_write(path, exc) from None
     except RuntimeError as exc:
+        # torch.save's own writer reports a full disk as a RuntimeError: "file write failed",
+        # "basic_ios::clear: iostream error" or "[enforce fail at inline_container.cc] unexpected
+        # pos N vs M". Whether the disk is full is read before the partial file is removed.
+        full = _nearly_full(folder)
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        if "write" not in str(exc).lower():
+        text = str(exc)
+        if not any(mark in text.lower() for mark in ("write", "inline_container", "iostream")):
             raise
-        # torch.save's own writer reports a full disk as a RuntimeError ("file write failed")
+        if full:
+            raise cannot_write(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from None
         raise cannot_write(path, OSError(errno.EIO, f"the write failed, most likely a full disk: "
-                                                    f"{str(exc).splitlines()[0]}")) from None
+                                                    f"{text.splitlines()[0]}")) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
@@ -71,6 +87,35 @@ def load_checkpoint(path):
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+# What every checkpoint the trainer writes holds (see loop.train's checkpoint()).
+KEYS = ("model", "optimizer", "epoch", "step", "global_step", "rng", "python_rng", "history",
+        "world_size", "args")
+
+
+def readable_checkpoint(path):
+    """The checkpoint at ``path``, or a :class:`SetupError` saying in one line what is wrong with it.
+
+    A damaged file (random bytes, a truncated copy) made torch's reader raise its own
+    traceback (``UnpicklingError``, a zip reader's message); a file that loads but is not
+    the trainer's (an empty dict) was taken for a checkpoint of a run with other arguments.
+    """
+    fix = "delete it to start afresh, or give another --out"
+    try:
+        ckpt = load_checkpoint(path)
+    except Exception as exc:       # whatever the unpickler or the zip reader meets in a damaged file
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SetupError(f"--resume: {path} cannot be read as a checkpoint (damaged or truncated: "
+                         f"{type(exc).__name__}: {first}); {fix}.") from None
+    if not isinstance(ckpt, dict):
+        raise SetupError(f"--resume: {path} is not a checkpoint of collectives.train: it holds a "
+                         f"{type(ckpt).__name__}, not the trainer's dict; {fix}.")
+    missing = [k for k in KEYS if k not in ckpt]
+    if missing:
+        raise SetupError(f"--resume: {path} is not a checkpoint of collectives.train: it has no "
+                         f"{', '.join(missing)}; {fix}.")
+    return ckpt
+
+
 # --- resuming ---------------------------------------------------------------------------------
 
 # What a resumed run must share with the checkpoint's: everything that changes the numbers.
@@ -86,6 +131,10 @@ def resume_differences(saved, args):
     now = vars(args)
     lines = [f"--{k.replace('_', '-')}: {saved.get(k)!r} in the checkpoint, {now[k]!r} now"
              for k in MUST_MATCH if saved.get(k) != now[k]]
+    if now.get("compression") == "powersgd":     # PowerSGD's Qs have r columns
+        old = saved.get("powersgd_rank", 4)          # 4: the default before the flag was saved
+        if old != now["powersgd_rank"]:
+            lines.append(f"--powersgd-rank: {old!r} in the checkpoint, {now['powersgd_rank']!r} now")
     for k in MAY_RAISE:
         old, new = saved.get(k), now[k]
         lowered = new is not None and (old is None or new < old)
@@ -107,7 +156,7 @@ def check_resume(args):
     path = os.path.join(args.out, "checkpoint.pt")
     if not (args.resume and os.path.exists(path)):
         return None
-    ckpt = load_checkpoint(path)
+    ckpt = readable_checkpoint(path)
     saved = ckpt.get("args") or {}
     diffs = resume_differences(saved, args)
     if diffs:

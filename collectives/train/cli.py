@@ -24,6 +24,7 @@ run's arguments), each replaced atomically so a crash never leaves a torn file.
 refuses a checkpoint made with other arguments (``--epochs`` may be raised).
 """
 import argparse
+import math
 import os
 import socket
 import sys
@@ -81,6 +82,30 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def check_args(args):
+    """Refuse, with one line naming it, an argument no run could use (before any rank starts:
+    inside the ranks a batch of 0 or a bucket of 0 MB ended in tracebacks, ``--lr nan``
+    trained to 7% and exited 0, and ``--subset 0`` trained on all 60,000 images).
+
+    Raises:
+        SetupError: the first such argument, its value, and what it must be.
+    """
+    def flag(name):
+        return "--" + name.replace("_", "-")
+
+    for name, least in [("batch_size", 1), ("epochs", 1), ("subset", 1), ("max_steps", 1),
+                        ("checkpoint_every", 0), ("threads", 1)]:
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise launch.SetupError(f"{flag(name)} must be at least {least}, got {value}")
+    for name in ("lr", "momentum", "weight_decay"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise launch.SetupError(f"{flag(name)} must be a finite number >= 0, got {value}")
+    if not (math.isfinite(args.bucket_cap_mb) and args.bucket_cap_mb > 0):
+        raise launch.SetupError(f"--bucket-cap-mb must be a positive number, got {args.bucket_cap_mb}")
+
+
 def main(argv=None):
     """``collectives-train`` / ``python -m collectives.train``: check, then start the ranks.
 
@@ -94,6 +119,7 @@ def main(argv=None):
         # the ranks inherit this process's environment; the bits do not depend on it
         settings.set_transport(args.transport)
     try:
+        check_args(args)
         if args.compression and args.sync != "bucketed":
             raise launch.SetupError(f"--compression {args.compression} needs --sync bucketed "
                                     f"(it compresses DataParallel's buckets)")

@@ -8,7 +8,10 @@ from .checkpoint import save_atomic
 
 def write_outputs(out, history):
     """metrics.json, metrics.csv and curves.png from the per-epoch records."""
-    save_atomic(lambda tmp: json.dump(history, open(tmp, "w"), indent=1), os.path.join(out, "metrics.json"))
+    def write_json(tmp):
+        with open(tmp, "w") as f:      # closed here: a full disk fails inside save_atomic, not later
+            json.dump(history, f, indent=1)
+    save_atomic(write_json, os.path.join(out, "metrics.json"))
 
     def write_csv(tmp):
         with open(tmp, "w", newline="") as f:

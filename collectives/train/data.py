@@ -23,6 +23,7 @@ In both cases each rank runs ``global_batch_size // world_size`` examples per
 step, so one step of N ranks consumes one global batch.
 """
 import hashlib
+import math
 import os
 import random
 import shutil
@@ -104,6 +105,31 @@ def check_archives(raw):
                               f"download?). Delete it to download it again, or copy a good one there.")
 
 
+def check_unpacked(raw):
+    """Raise :class:`DamagedFile` naming the first unpacked MNIST file in ``raw`` whose length is not
+    what its IDX header promises (a truncated copy ended in a rank's raw traceback, ``shape '[60000,
+    28, 28]' is invalid for input of size ...``, naming no file)."""
+    for name in FILES:
+        path = os.path.join(raw, name)
+        with open(path, "rb") as f:
+            head = f.read(4)
+            ndims = head[3] if len(head) == 4 and head[:3] == b"\0\0\x08" else None
+            dims = f.read(4 * ndims) if ndims else b""
+        size = os.path.getsize(path)
+        if ndims is None or len(dims) < 4 * ndims:
+            why = f"it has {size:,} bytes and no IDX header (an MNIST file starts 00 00 08 0N)"
+        else:
+            expected = 4 + 4 * ndims + math.prod(int.from_bytes(dims[4 * i:4 * i + 4], "big")
+                                                 for i in range(ndims))
+            if size == expected:
+                continue
+            why = (f"it has {size:,} bytes, its header promises {expected:,} "
+                   f"({'truncated' if size < expected else 'bytes after the end'})")
+        again = ("unpack it again from the .gz beside it" if os.path.isfile(path + ".gz")
+                 else "download it again")
+        raise DamagedFile(f"{path} is damaged: {why}; delete it to {again} (or re-download MNIST/raw).")
+
+
 def prepare_mnist(path=None, download=True):
     """Make MNIST readable by torchvision and return the root to read it from.
 
@@ -124,11 +150,14 @@ def prepare_mnist(path=None, download=True):
 
     root = data_dir(path)
     if _unpacked(root):
+        check_unpacked(_raw(root))
         return root
     check_archives(_raw(root))
     if _packed(root) and not _writable(_raw(root)):
         cached = os.path.join(cache_dir(), "mnist")
-        if not _unpacked(cached):
+        if _unpacked(cached):
+            check_unpacked(_raw(cached))
+        else:
             if not download:
                 raise FileNotFoundError(f"{cached} has no unpacked MNIST; rank 0 unpacks it first")
             os.makedirs(cache_dir(), exist_ok=True)

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import api, settings
-from ..parallel.compression import make as make_compression
+from ..parallel.compression import PowerSGD, make as make_compression
 from ..parallel.data_parallel import DataParallel
 from ..parallel.data_parallel_naive import NaiveDataParallel
 from ..tools import launch
@@ -29,6 +29,34 @@ def _gather_rng(rank, world, device):
     states = [torch.empty_like(mine) for _ in range(world)] if rank == 0 else None
     api.gather(mine, states, dst=0)
     return [s.cpu() for s in states] if rank == 0 else None
+
+
+def _gather_powersgd(compression, module, rank, world, device):
+    """PowerSGD's state for the checkpoint, on rank 0 (None elsewhere): every rank's own
+    error feedback (they differ) and the Qs (the same on every rank: rank 0's)."""
+    names = {id(p): name for name, p in module.named_parameters()}
+    state = compression.state_dict(names)
+    order = sorted(state["errors"])      # the same names and shapes on every rank: same model, same steps
+    mine = torch.cat([state["errors"][n].reshape(-1) for n in order]) if order else torch.zeros(0)
+    mine = mine.to(device)
+    every = [torch.empty_like(mine) for _ in range(world)] if rank == 0 else None
+    api.gather(mine, every, dst=0)
+    if rank != 0:
+        return None
+    errors = []
+    for flat in every:
+        pieces = flat.cpu().split([state["errors"][n].numel() for n in order])
+        errors.append({n: piece.view_as(state["errors"][n]) for n, piece in zip(order, pieces)})
+    return {"errors": errors, "qs": {n: q.cpu() for n, q in state["qs"].items()}}
+
+
+def _restore_powersgd(compression, saved, module, rank, world, device):
+    """Load a checkpoint's PowerSGD state; another world size keeps the Qs, not the errors
+    (each rank's error belongs to its own share of the batch)."""
+    keys = {name: id(p) for name, p in module.named_parameters()}
+    errors = saved["errors"][rank] if len(saved["errors"]) == world else {}
+    compression.load_state_dict({"errors": {n: v.to(device) for n, v in errors.items()},
+                                 "qs": {n: v.to(device) for n, v in saved["qs"].items()}}, keys)
 
 
 @torch.no_grad()
@@ -101,6 +129,10 @@ def train(args, rank, world, device, backend):
         compression = make_compression(args.compression, getattr(args, "powersgd_rank", 4))
         model = DataParallel(model, bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm,
                              compression=None if args.compression is None else compression)
+        if ckpt and ckpt.get("powersgd") is not None and isinstance(compression, PowerSGD):
+            _restore_powersgd(compression, ckpt["powersgd"], model.module, rank, world, device)
+    powersgd = getattr(model, "compression", None)
+    powersgd = powersgd if isinstance(powersgd, PowerSGD) else None
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                           weight_decay=args.weight_decay)
     epoch, start, history = 0, 0, []
@@ -124,11 +156,12 @@ def train(args, rank, world, device, backend):
 
     def checkpoint(epoch, step, global_step):
         rng = _gather_rng(rank, world, device)
+        compressor = _gather_powersgd(powersgd, model.module, rank, world, device) if powersgd else None
         if rank == 0:
             save_checkpoint({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
                              "epoch": epoch, "step": step, "global_step": global_step, "rng": rng,
                              "python_rng": random.getstate(), "history": history, "world_size": world,
-                             "args": vars(args)}, ckpt_path)
+                             "args": vars(args), "powersgd": compressor}, ckpt_path)
 
     step = epoch * steps_per_epoch + start
     while epoch < args.epochs and step < total_steps:

@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import socket
+import warnings
 
 from .. import settings
 from ..algorithms import ALGORITHMS
@@ -146,7 +147,12 @@ def shipped():
 
 @functools.lru_cache(maxsize=None)
 def measured_here():
-    """This machine's measured table, or {} if ``collectives-tune`` has not run here."""
+    """This machine's measured table, or {} if ``collectives-tune`` has not run here.
+
+    The table is a cache in the user's cache folder, disposable: a damaged one (not JSON,
+    or JSON of the wrong shape) is named in one warning per process (this function's
+    cache) and the shipped table is used instead; it made every ``algorithm=None`` call raise.
+    """
     if settings.tuning_table():
         return {}
     path = cache_path()
@@ -155,9 +161,17 @@ def measured_here():
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise ValueError(f"this machine's tuning table {path} is damaged: it is not JSON ({exc}). Delete it, "
-                         f"or measure a new one with python -m benchmarks.tune") from None
-    return _checked(path, table, "this machine's tuning table")
+        return _unusable(f"this machine's tuning table {path} is damaged: it is not JSON ({exc})")
+    wrong = problem(table)
+    if wrong:
+        return _unusable(f"this machine's tuning table {path} is damaged: {wrong}")
+    return table
+
+
+def _unusable(why):
+    warnings.warn(f"{why}. Using the shipped table instead; delete the file, or measure a new one "
+                  f"with python -m benchmarks.tune", RuntimeWarning, stacklevel=3)
+    return {}
 
 
 def forget():
@@ -198,6 +212,67 @@ def best_from_rows(rows):
     return out
 
 
+UNTUNED, UNTUNED_AGAIN = "untuned", "untuned_again"
+
+
+def _quantile(xs, q):
+    xs = sorted(xs)
+    i = q * (len(xs) - 1)
+    lo, hi = math.floor(i), math.ceil(i)
+    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
+
+
+def decide_from_rows(rows):
+    """({collective: {N: [[size, algorithm], ...]}}, evidence): tuning that noise cannot fool.
+
+    At each point the rows hold, beside every timed algorithm, the *untuned* choice (what
+    ``algorithm=None`` picks without this machine's table) twice, labelled ``untuned`` and
+    ``untuned_again``; all were timed side by side, round by round (``samples_us``). The
+    second copy against the first is the noise of the same code against itself. Another
+    algorithm replaces the untuned choice only where it beat it round by round by more
+    than that noise: its median time ratio below ``1 - noise`` and its upper quartile
+    below 1, where ``noise`` is the larger of the self ratio's distance from 1 and its
+    interquartile spread. Elsewhere the untuned choice stays, so a table tuned on a busy
+    machine cannot make a point slower than the untuned choice by more than the noise.
+    Points without the untuned rows (an older benchmark's) fall back to
+    :func:`best_from_rows`.
+    """
+    points = {}
+    for r in rows:
+        points.setdefault((r["collective"], r["world_size"], r["size"]), {})[r["algorithm"]] = r
+    out, evidence, legacy = {}, [], []
+    for (collective, n, size), by_label in sorted(points.items()):
+        base, again = by_label.get(UNTUNED), by_label.get(UNTUNED_AGAIN)
+        if base is None or again is None or not base.get("samples_us"):
+            legacy += list(by_label.values())
+            continue
+        b = base["samples_us"]
+        self_ratio = [x / y for x, y in zip(again["samples_us"], b) if y > 0]
+        noise = max(abs(1 - _quantile(self_ratio, 0.5)),
+                    _quantile(self_ratio, 0.75) - _quantile(self_ratio, 0.25)) if self_ratio else 1.0
+        best, best_ratio = base["untuned_algorithm"], 1.0
+        for label, r in by_label.items():
+            if label in (UNTUNED, UNTUNED_AGAIN) or label not in ALGORITHMS[collective] or not r.get("samples_us"):
+                continue
+            ratio = [x / y for x, y in zip(r["samples_us"], b) if y > 0]
+            if not ratio:
+                continue
+            median, upper = _quantile(ratio, 0.5), _quantile(ratio, 0.75)
+            if median < 1 - noise and upper < 1 and median < best_ratio:
+                best, best_ratio = label, median
+        evidence.append({"collective": collective, "world_size": n, "size": size,
+                         "untuned": base["untuned_algorithm"], "chosen": best,
+                         "ratio": round(best_ratio, 4), "noise": round(noise, 4)})
+        out.setdefault(collective, {}).setdefault(str(n), []).append([size, best])
+    for collective, by_n in best_from_rows(legacy).items():
+        for n, pts in by_n.items():
+            out.setdefault(collective, {}).setdefault(n, []).extend(pts)
+    for by_n in out.values():
+        for pts in by_n.values():
+            pts.sort()
+    return out, evidence
+
+
 def write_table(path, rows, model, meta):
     """Merge the fastest algorithms measured in ``rows`` into the table at ``path``.
 
@@ -208,8 +283,14 @@ def write_table(path, rows, model, meta):
     except (OSError, ValueError):
         table = {}
     choices = table.setdefault("choices", {})
-    for collective, by_n in best_from_rows(rows).items():
+    decided, evidence = decide_from_rows(rows)
+    for collective, by_n in decided.items():
         choices.setdefault(collective, {}).update(by_n)
+    if evidence:
+        table["evidence"] = evidence
+    # the transport the measurements went through (a table tuned over gloo's loopback says
+    # little about shared memory, and the reverse)
+    table["transport"] = meta.get("transport", "gloo")
     if model:
         table.setdefault("models", {}).update({str(n): params for n, params in model.items()})
         # The model for unmeasured group sizes: the largest world measured is the most typical.

@@ -1,0 +1,91 @@
+"""``python -m collectives.viz``: a self-contained HTML lab drawn from recorded runs.
+
+The algorithms run unchanged on the simulator's door (:mod:`collectives.sim`); what the page
+shows (chunks coloured by whose contributions they hold, every message moving along its link,
+bytes per rank and per link, the simulated time axis, the topology, the wait-for cycle of a
+deadlock, the first chunk of a wrong result, predict-then-reveal questions) is computed from
+that run, never drawn by hand. One file, no network: open it from disk.
+
+* :mod:`.record`: the run, with provenance encoded in the values themselves;
+* :mod:`.model`: frames, counters, links, the first wrong chunk;
+* :mod:`.schedules`: the parallelisms' schedules (pipeline GPipe and 1F1B, FSDP, ring
+  attention, MoE's uneven all_to_all);
+* :mod:`.questions`: the questions and their answers;
+* :mod:`.render`: the HTML file; :mod:`.cli`: the command line.
+
+Example::
+
+    >>> from collectives import viz
+    >>> viz.page("all_reduce", "ring", 8, path="ring8.html")      # open it in a browser
+    >>> viz.show("all_reduce", "ring", 4)                          # inline, in a notebook
+"""
+from . import model, record as _record, render
+from .record import MAX_MESSAGES, MAX_RANKS, TooLarge
+
+
+def data(collective, algorithm, world_size, topology="ethernet-100g", root=0):
+    """The page's data for one call (see :func:`page`)."""
+    return model.build(_record.record(collective, algorithm, world_size, topology, root))
+
+
+def page(collective, algorithm, world_size, path=None, topology="ethernet-100g", root=0):
+    """Record ``algorithm`` of ``collective`` on ``world_size`` simulated ranks and draw it.
+
+    Args:
+        collective: ``"all_reduce"``, ``"broadcast"``, ... (``collectives.ALGORITHMS``' keys).
+        algorithm: a registered name, or a function with the algorithm modules' signature
+            (``fn(comm, *args)``: the learner's own code).
+        world_size: 1 to ``MAX_RANKS`` (above 64 the page is a summary without chunks).
+        path: where to write the HTML file; None returns the HTML as text.
+        topology: a ``collectives.sim`` preset (``ethernet-100g``, ``h100-cluster``,
+            ``fat-tree``), a JSON file or a dict.
+        root: the root of broadcast, reduce, scatter and gather.
+
+    Returns:
+        The path written, or the HTML text when ``path`` is None.
+
+    Example::
+
+        >>> viz.page("all_reduce", "ring", 8, path="ring8.html")
+    """
+    d = data(collective, algorithm, world_size, topology, root)
+    return render.write(d, path) if path is not None else render.html(d)
+
+
+def show(collective, algorithm, world_size, height=720, **kwargs):
+    """The page inline in a notebook (an ``IPython.display.HTML`` holding an iframe)."""
+    import html as _html
+
+    from IPython.display import HTML
+    text = page(collective, algorithm, world_size, **kwargs)
+    return HTML(f'<iframe srcdoc="{_html.escape(text, quote=True)}" style="width:100%;height:{height}px;'
+                f'border:1px solid #ccc"></iframe>')
+
+
+__all__ = ["MAX_MESSAGES", "MAX_RANKS", "TooLarge", "data", "page", "show", "side_by_side"]
+
+
+def side_by_side(collective, solution, world_size, path, reference=None, topology="ethernet-100g", root=0):
+    """The learner's run next to the reference's, in one self-contained file (what the grader's
+    ``--html FILE`` writes): ``solution`` is the learner's function (the algorithm modules'
+    signature), ``reference`` a registered name (default: the collective's first).
+
+    Returns:
+        (path, learner's page data): the data's ``failure`` (a deadlock's cycle) and ``wrong``
+        (the first chunk whose provenance went wrong) say what the page shows.
+    """
+    import html as _html
+    from pathlib import Path
+
+    from ..algorithms import REGISTRY
+    reference = reference or next(iter(REGISTRY[collective]))
+    mine = data(collective, solution, world_size, topology, root)
+    ref = data(collective, reference, world_size, topology, root)
+    frames = "".join(
+        f'<div style="flex:1;min-width:600px"><h2>{_html.escape(label)}</h2><iframe srcdoc="'
+        f'{_html.escape(render.html(d), quote=True)}" style="width:100%;height:1400px;border:1px solid #ccc">'
+        f'</iframe></div>' for label, d in (("yours: " + mine["title"], mine), ("reference: " + ref["title"], ref)))
+    Path(path).write_text(f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_html.escape(mine["title"])}'
+                          f'</title></head><body style="font:14px system-ui;margin:8px"><div style="display:flex;gap:8px;'
+                          f'flex-wrap:wrap">{frames}</div></body></html>', encoding="utf-8")
+    return Path(path), mine

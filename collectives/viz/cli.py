@@ -1,0 +1,99 @@
+"""``python -m collectives.viz``: write the page of one run (or every page of the course).
+
+Usage::
+
+    python -m collectives.viz all_reduce ring -n 8 -o ring8.html
+    python -m collectives.viz all_reduce --function mine.py:all_reduce -n 4 -o mine.html
+    python -m collectives.viz pipeline 1f1b -n 4 --micro-batches 8 -o 1f1b.html
+    python -m collectives.viz fsdp -n 4 -o fsdp.html       # also moe, ring_attention
+    python -m collectives.viz --all -n 2,5,8 -o pages/      # every algorithm at each N
+
+Exit status (as ``python -m collectives.sim``'s): 0; 1 for a wrong result and 3 for a deadlock,
+each drawn (the page is the report; its path and the finding are printed); 2 for bad input (an
+unknown algorithm, N < 1, a run too large to draw), said in one line and nothing written.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from ..algorithms import REGISTRY
+from . import model, record, render, schedules
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="python -m collectives.viz", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", nargs="?", help="a collective, or pipeline, fsdp, moe, ring_attention")
+    p.add_argument("algorithm", nargs="?", default=None,
+                   help="the algorithm (default: the collective's first); for pipeline: gpipe or 1f1b")
+    p.add_argument("-n", "--world-size", default="4", help="ranks (stages for pipeline); with --all a list: 2,5,8")
+    p.add_argument("-o", "--output", default=None, help="the HTML file (a folder with --all)")
+    p.add_argument("--function", default=None, metavar="FILE.py:NAME", help="draw your own algorithm")
+    p.add_argument("--topology", default="ethernet-100g", help="ethernet-100g, h100-cluster, fat-tree or a JSON file")
+    p.add_argument("--root", type=int, default=0)
+    p.add_argument("--micro-batches", type=int, default=8, help="pipeline: micro-batches (default 8)")
+    p.add_argument("--all", action="store_true", help="every algorithm of every collective at each --world-size")
+    return p
+
+
+def build(args, n):
+    if args.what == "pipeline":
+        return schedules.pipeline(n, args.micro_batches, args.algorithm or "1f1b")
+    if args.what in schedules.PARALLELISMS:
+        return schedules.PARALLELISMS[args.what](n, topology=args.topology)
+    if args.what not in REGISTRY:
+        raise ValueError(f"unknown collective {args.what!r}; known: {', '.join(REGISTRY)}, pipeline, "
+                         f"{', '.join(schedules.PARALLELISMS)}")
+    algorithm = args.algorithm or next(iter(REGISTRY[args.what]))
+    if args.function:
+        from ..sim.cli import load_function
+        algorithm = load_function(args.function, args.what)
+    return model.build(record.record(args.what, algorithm, n, args.topology, args.root))
+
+
+def report(d, path):
+    line = f"wrote {path} ({Path(path).stat().st_size} bytes): {d['title']}"
+    if d.get("failure"):
+        line += "\n  " + d["failure"]["report"].replace("\n", "\n  ")
+    if d.get("wrong"):
+        line += f"\n  WRONG RESULT: {d['wrong']['text']}"
+    print(line)
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    try:
+        sizes = [int(x) for x in str(args.world_size).split(",") if x.strip()]
+    except ValueError:
+        print(f"collectives.viz: -n takes whole numbers, got {args.world_size!r}", file=sys.stderr)
+        return 2
+    if not sizes or any(n < 1 for n in sizes):
+        print(f"collectives.viz: -n must be 1 or more, got {args.world_size!r}", file=sys.stderr)
+        return 2
+    try:
+        if args.all:
+            out = Path(args.output or "viz_pages")
+            out.mkdir(parents=True, exist_ok=True)
+            for c, algs in REGISTRY.items():
+                for a in algs:
+                    for n in sizes:
+                        path = out / f"{c}_{a}_{n}.html"
+                        d = model.build(record.record(c, a, n, args.topology, 0))
+                        render.write(d, path)
+                        report(d, path)
+            return 0
+        if not args.what:
+            print("collectives.viz: name a collective (or pipeline, fsdp, moe, ring_attention), or --all",
+                  file=sys.stderr)
+            return 2
+        if len(sizes) != 1:
+            print("collectives.viz: one -n for one page (a list only with --all)", file=sys.stderr)
+            return 2
+        d = build(args, sizes[0])
+    except (ValueError, record.TooLarge) as exc:
+        print(f"collectives.viz: {exc}", file=sys.stderr)
+        return 2
+    path = args.output or f"{args.what}_{d.get('algorithm') or args.algorithm or 'page'}_{sizes[0]}.html"
+    render.write(d, path)
+    report(d, path)
+    return 3 if d.get("failure") and d["failure"]["kind"] == "deadlock" else 1 if d.get("failure") or d.get("wrong") else 0

@@ -1,0 +1,77 @@
+"""The planner (collectives/plan): its arithmetic against the chapters' formulas, its checks, its CLI.
+
+* memory by kind: ZeRO's 2 + 2 + 12 bytes per parameter, divided as each stage says;
+  activations as ``block_activation_elements`` per layer for the micro-batches 1F1B holds;
+* communication by kind: the ring's 2(d-1)/d for DP, 8(t-1)/t A per layer and micro-batch
+  for TP (12 with recomputation), 2A per micro-batch for PP;
+* every enumerated configuration multiplies to N; bad input fails before any simulation;
+* the CLI prints one configuration with the simulator's step time.
+"""
+import pytest
+
+from collectives.parallel.recompute import block_activation_elements
+from collectives.plan import Config, Model, check, communication, configurations, memory, parse_model, plan
+from collectives.plan.__main__ import main
+
+MODEL = Model(params=1.2e9, layers=24, hidden=2048, seq=2048, batch=64)     # 16 heads
+
+
+def test_memory_by_kind():
+    p = MODEL.params
+    for zero in range(4):
+        m = memory(MODEL, Config(dp=4, tp=2, pp=1, cp=1, zero=zero))
+        local = p / 2
+        assert m["parameters"] == 2 * local / (4 if zero >= 3 else 1)
+        assert m["gradients"] == 2 * local / (4 if zero >= 2 else 1)
+        assert m["optimizer"] == 12 * local / (4 if zero >= 1 else 1)
+    c = Config(dp=2, tp=2, pp=2, cp=2)
+    m = memory(MODEL, c)            # 16 micro-batches per replica, stage 0 holds p = 2 of them
+    assert m["activations"] == 2 * block_activation_elements(1024, 1, 2048, 16, 8192, 2, True) * 12 * 2
+    assert memory(MODEL, Config(2, 2, 2, 2, recompute=True))["activations"] == 2 * (1024 * 2048 // 2) * 12 * 2
+
+
+def test_communication_by_kind():
+    a = 2048 * 2048 * 2
+    assert communication(MODEL, Config(8, 1, 1, 1))["dp"] == 2 * 7 / 8 * 2 * MODEL.params
+    assert communication(MODEL, Config(8, 1, 1, 1, zero=3))["dp"] == 3 * 7 / 8 * 2 * MODEL.params
+    tp = Config(4, 2, 1, 1)
+    assert communication(MODEL, tp)["tp"] == 8 * (1 / 2) * a * 24 * 16
+    assert communication(MODEL, Config(4, 2, 1, 1, recompute=True))["tp"] == 12 * (1 / 2) * a * 24 * 16
+    assert communication(MODEL, Config(4, 1, 2, 1))["pp"] == 2 * a * 16
+
+
+def test_every_configuration_multiplies_to_n_and_bad_input_is_named():
+    for n in (1, 6, 8):
+        configs = configurations(MODEL, n)
+        assert configs and all(c.dp * c.tp * c.pp * c.cp == n for c in configs)
+    with pytest.raises(ValueError, match="not the 8 ranks"):
+        check(MODEL, Config(2, 2, 1, 1), 8)
+    with pytest.raises(ValueError, match="24 layers are not divisible by 5 pipeline stages"):
+        check(MODEL, Config(1, 1, 5, 1), 5)
+    with pytest.raises(ValueError, match="not divisible by 2 x CP = 6"):
+        check(Model(1e9, 24, 2048, 2050, 64), Config(1, 1, 1, 3), 3)
+    with pytest.raises(ValueError, match="PARAMS,LAYERS"):
+        parse_model("1e9,24")
+
+
+def test_ranking_puts_what_fits_first_fastest_first():
+    calls = []
+
+    def fake(collective, algorithm, n, nbytes, topology):      # 1 ns per byte: enough to rank
+        calls.append(collective)
+        return type("R", (), {"time": nbytes * 1e-9})()
+    rows = plan(MODEL, 8, "h100-cluster", 400e12, 8e9, simulate=fake)
+    fits = [r["fits"] for r in rows]
+    assert fits == sorted(fits, reverse=True) and any(fits) and not all(fits)
+    times = [r["time"] for r in rows if r["fits"]]
+    assert times == sorted(times)
+    assert calls
+
+
+def test_cli_shows_one_configuration_and_refuses_a_wrong_product(capsys):
+    assert main(["--model", "1.2e9,24,2048,2048,64", "--ranks", "8", "--config", "4,2,1,1", "--zero", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "DP4 TP2 PP1 CP1 ZeRO-1" in out and "1 configurations, 1 fit" in out
+    with pytest.raises(SystemExit):
+        main(["--model", "1.2e9,24,2048,2048,64", "--ranks", "8", "--config", "2,2,1,1"])
+    assert "not the 8 ranks" in capsys.readouterr().err
