@@ -110,17 +110,20 @@ def test_a_rank_killed_is_named_by_the_door_well_within_the_timeout():
 
 
 def backend_world(rank, n):
+    from collectives import p2p_communications
     made = count_setups()
     x = torch.full((5,), float(rank))
     dist.all_reduce(x)          # on backend "collectives": our algorithms, our door
-    return x.tolist(), len(made)
+    # the group set shared memory up when it was created (its agreement is its first message)
+    found = list(p2p_communications._shm_of.values()) + [v for _, v in p2p_communications._shm_of_ids.values()]
+    return x.tolist(), len(made), sum(shm is not None and len(peers) == n - 1 for shm, peers in found)
 
 
 def test_the_torch_backend_uses_shared_memory():
     out = run_world(backend_world, 3, env=SHM, backend="collectives")
-    for values, setups in out:
+    for values, setups_after, groups_on_shm in out:
         assert values == [3.0] * 5
-        assert setups >= 1
+        assert setups_after == 0 and groups_on_shm >= 1
 
 
 def test_the_setting():
@@ -130,7 +133,7 @@ def test_the_setting():
             settings.transport()
     finally:
         del os.environ["COLLECTIVES_TRANSPORT"]
-    assert settings.transport() == "auto"
+    assert settings.transport() == "gloo"     # opt-in until measured faster (issue 37)
 
 
 def test_another_network_namespace_is_another_host():
