@@ -13,7 +13,8 @@ Flags as in nccl-tests: ``-b``/``-e`` smallest/largest size, ``-f`` step
 factor (``-i`` step increment when ``-f 1``), ``-n`` timed iterations, ``-w``
 warmup iterations, ``-c 0/1`` check results, ``-o`` reduction op, ``-d``
 datatype. Ours: ``--collective``, ``--algorithm`` (names, ``builtin``,
-``default`` = ``algorithm=None``, or ``all``), ``--world-size``.
+``default`` = ``algorithm=None``, or ``all``), ``--world-size``, ``--transport``
+(``gloo``, ``shm`` or ``auto``: how our messages travel between ranks of one host).
 
 One row per (collective, size, algorithm), like nccl-tests' columns:
 ``size`` and ``count`` as nccl-tests counts them (all_gather, gather: the whole
@@ -58,6 +59,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from benchmarks import common
+from collectives import settings
 from collectives import tuning
 from collectives.tuning import cost_model
 from collectives.algorithms import ALGORITHMS
@@ -585,6 +587,10 @@ def build_parser():
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "sweep"),
                    help="folder for results.csv, results.json, report.md and plots")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--transport", choices=("auto", "gloo", "shm"), default=None,
+                   help="how our collectives' messages travel between ranks of one host "
+                        "(sets COLLECTIVES_TRANSPORT in every rank; default: its value, else auto: "
+                        "shared memory); the built-in always uses gloo")
     return p
 
 
@@ -624,7 +630,10 @@ def run_sweep(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.transport is not None:
+        os.environ["COLLECTIVES_TRANSPORT"] = args.transport    # the ranks inherit it
     meta = common.machine_info("python -m benchmarks.sweep", args)
+    meta["transport"] = settings.transport()
     result = run_sweep(args)
     if result is None:
         return

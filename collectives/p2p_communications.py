@@ -27,6 +27,12 @@ A send and its matching receive are always *posted together* and then waited
 on together (``Comm.exchange``). Issued one after the other, a blocking send on
 both sides of a pair deadlocks on NCCL and on any transport without buffering.
 
+**Which transport.** Ranks of a gloo group that share a host exchange their messages
+through shared memory (:mod:`collectives.shm`), the others over gloo: the first
+collective call on a group agrees, once, which ranks share a host
+(:func:`shm_transport`), and each message then goes the way of its peer. Nothing above
+the door sees the difference. ``COLLECTIVES_TRANSPORT`` chooses (``auto`` by default).
+
 The first message on a gloo group also takes the wake-up preemption away from
 gloo's socket threads (:func:`calm_transport_threads`): without it, a rank that
 shares a CPU with its peer loses milliseconds per message (docs/benchmarks.md,
@@ -43,7 +49,7 @@ import zlib
 
 import torch
 
-from . import flight_recorder, observers, settings
+from . import flight_recorder, observers, settings, shm
 from .door import Door, each_message
 from .errors import CollectiveError, CollectiveTimeout
 from .group import group_info
@@ -143,8 +149,53 @@ _resolved = weakref.WeakKeyDictionary()
 _CPU = torch.device("cpu")
 
 
+# group (GroupInfo.transport) -> (shm transport or None, group ranks it reaches): the agreement of each
+# group, made once. Keyed weakly where torch allows it, so a destroyed group takes its
+# mailboxes with it.
+_shm_of = weakref.WeakKeyDictionary()
+_shm_of_ids = {}
+_shm_lock = threading.Lock()
+SETUP_BYTES = 1024                      # one rank's part of a setup all-gather
+SETUP_TAG = call_hash("collectives.shm setup") << STEP_BITS
+
+
+def shm_transport(comm):
+    """The group's shared-memory transport and the group ranks it reaches, set up once.
+
+    Called at the first message of a collective call, which every rank of the group
+    makes, so the setup's three all-gathers (over gloo, :meth:`Comm._setup_allgather`)
+    pair on every rank; a rank that never comes is reported as for any message of the
+    call. Returns ``(None, ())`` with ``COLLECTIVES_TRANSPORT=gloo`` or where no peer
+    shares the host.
+    """
+    mode = settings.transport()
+    if mode == "gloo":
+        return None, ()
+    # keyed by the group as the caller holds it: the gloo backend behind it may be a new
+    # Python wrapper at every call (torch 2.11), which would set up again each time
+    transport = comm.info.transport
+    try:
+        found = _shm_of.get(transport)
+    except TypeError:
+        found = _shm_of_ids.get(id(transport), (None, None))[1]
+    if found is not None:
+        return found
+    # no lock held across the setup: two groups' lanes may set up at once, in any order
+    phases = iter(range(3))
+    found = shm.connect(comm.rank, comm.size, lambda data: comm._setup_allgather(data, next(phases)),
+                        required=(mode == "shm"))
+    with _shm_lock:
+        try:
+            _shm_of[transport] = found
+        except TypeError:
+            _shm_of_ids[id(transport)] = (transport, found)
+    return found
+
+
 class Pending:
     """Messages posted by :meth:`Comm.post` and not yet waited for."""
+
+    report = True     # False for the transport's own setup messages: not the algorithm's traffic
 
     def __init__(self, comm, step, entries, start):
         self.comm, self.step, self.entries, self.start = comm, step, entries, start
@@ -170,7 +221,7 @@ class Pending:
                     work.wait(timeout=datetime.timedelta(seconds=left))
             except Exception as exc:
                 raise comm._failure(comm._message(self.step, kind, peer, nbytes, self.start), peer, exc) from exc
-            if observers.watched() or comm.verbose:
+            if self.report and (observers.watched() or comm.verbose):
                 comm._report(comm._message(self.step, kind, peer, nbytes, self.start, time.time()))
         self.entries = []
 
@@ -233,6 +284,10 @@ class Comm(Door):
         self.verbose = settings.verbose()
         self.backend = info.backend
         self.nccl = "nccl" in info.backend
+        # point-to-point messages stay on gloo: only a collective has every rank of the
+        # group at the door to agree on the setup (resolved at the first post, not here)
+        self.shm, self.shm_peers = None, ()
+        self._shm_pending = not self.nccl and collective != "send_recv"
         if not self.nccl:
             calm_transport_threads(self.group)
             self.group = _gloo_backend(self.group)
@@ -283,18 +338,51 @@ class Comm(Door):
                                  f"{self.backend} group sends host memory only: stage it to the CPU first")
             todo.append((kind, tensor, peer, nbytes, self.tag(step, nbytes) if tagged else step))
         start = time.time()
+        if self._shm_pending and todo:
+            self._shm_pending = False
+            self._step_now = step
+            self.shm, self.shm_peers = shm_transport(self)
         if self.nccl:
             works = self._post_nccl(todo)
         else:
             works = []
             for kind, tensor, peer, nbytes, tag in todo:
                 try:
-                    post = self.group.send if kind == "send" else self.group.recv
+                    way = self.shm if peer in self.shm_peers else self.group
+                    post = way.send if kind == "send" else way.recv
                     works.append(post([tensor], peer, tag))
                 except Exception as exc:
                     raise self._failure(self._message(step, kind, peer, nbytes, start), peer, exc) from exc
         return Pending(self, step, [(work, kind, peer, nbytes)
                                     for work, (kind, _, peer, nbytes, _) in zip(works, todo)], start)
+
+    def _setup_allgather(self, data, phase):
+        """Every rank's ``data`` (bytes) in group-rank order, over gloo: the shared-memory
+        setup's messages. A peer that does not answer is reported as for the call's
+        message at the step the setup began in."""
+        if len(data) > SETUP_BYTES - 4:
+            raise ValueError(f"shared-memory setup: {len(data)} bytes do not fit in one message")
+        mine = torch.zeros(SETUP_BYTES, dtype=torch.uint8)
+        mine[:4] = torch.tensor([len(data)], dtype=torch.int32).view(torch.uint8)
+        mine[4:4 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        theirs = {p: torch.empty(SETUP_BYTES, dtype=torch.uint8) for p in range(self.size) if p != self.rank}
+        tag, start = SETUP_TAG | phase, time.time()
+        entries = []
+        for kind, p in [("recv", p) for p in theirs] + [("send", p) for p in theirs]:
+            try:
+                post = self.group.recv if kind == "recv" else self.group.send
+                entries.append((post([theirs[p] if kind == "recv" else mine], p, tag), kind, p, SETUP_BYTES))
+            except Exception as exc:
+                raise self._failure(self._message(self._step_now, kind, p, SETUP_BYTES, start), p, exc) from exc
+        pending = Pending(self, self._step_now, entries, start)
+        pending.report = False
+        pending.wait()
+        out = []
+        for p in range(self.size):
+            t = mine if p == self.rank else theirs[p]
+            n = int(t[:4].view(torch.int32).item())
+            out.append(bytes(t[4:4 + n].tolist()))
+        return out
 
     def _post_nccl(self, todo):
         """NCCL pairs messages by order, not tag, and wants them batched (``batch_isend_irecv``)."""
@@ -354,6 +442,10 @@ def _explain(text, peer_text):
     if "Application timeout caused pair closure" in text:
         return (f"the connection to {peer_text} was closed by an earlier timeout on this group, "
                 f"which cannot be used again; create a new group ({brief})")
+    if "exited while this rank waited" in text:
+        # the shared-memory transport's notice (a pidfd): the same news as a closed socket
+        return (f"{peer_text} closed the connection: its process exited while this rank waited "
+                f"for it, killed or failed (shared memory)")
     if any(s in text for s in ("Connection closed by peer", "Connection reset", "Broken pipe")):
         return (f"{peer_text} closed the connection: it exited, or gave up on this group after "
                 f"its own error or timeout ({brief})")

@@ -24,6 +24,7 @@ VARIABLES = {
     "COLLECTIVES_VERBOSE": ("0", "print every message as it moves"),
     "COLLECTIVES_ALGO": ("", "algorithms per collective, e.g. all_reduce:ring,broadcast:binomial_tree"),
     "COLLECTIVES_TUNING_TABLE": ("", "a tuning table algorithm=None reads instead of this machine's"),
+    "COLLECTIVES_TRANSPORT": ("gloo", "gloo, shm or auto: how ranks on one host exchange messages"),
     "COLLECTIVES_GLOO_BATCH": ("1", "gloo's socket threads never preempt the thread they wake (SCHED_BATCH)"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
@@ -87,6 +88,36 @@ def gloo_batch():
     """``COLLECTIVES_GLOO_BATCH`` (default 1): run gloo's socket threads as ``SCHED_BATCH``
     (``p2p_communications.calm_transport_threads``); 0 leaves them as torch made them."""
     return _raw("COLLECTIVES_GLOO_BATCH") is None or _flag("COLLECTIVES_GLOO_BATCH")
+
+
+TRANSPORTS = ("gloo", "shm", "auto")
+
+
+def transport():
+    """``COLLECTIVES_TRANSPORT`` (default ``gloo``): how ranks that share a host exchange messages.
+
+    The default stays gloo until the shared-memory door is measured faster than the built-in
+    and passes the whole suite as the default (issue 37): today it is opt-in.
+
+    ``gloo``: every message over gloo's TCP loopback. ``shm``: shared memory between
+    the ranks of each host (``collectives/shm.py``), an error on every rank if it cannot
+    be set up. ``auto``: shared memory where it can be set up, else gloo with one
+    warning line. Ranks on different hosts use gloo whatever the value.
+    """
+    value = _raw("COLLECTIVES_TRANSPORT")
+    if value is None:
+        return "gloo"
+    value = value.strip().lower()
+    if value not in TRANSPORTS:
+        raise ValueError(f"COLLECTIVES_TRANSPORT={os.environ['COLLECTIVES_TRANSPORT']!r} is not valid: "
+                         f"use one of {', '.join(TRANSPORTS)}; unset, it is gloo")
+    return value
+
+
+def set_transport(value):
+    """Set ``COLLECTIVES_TRANSPORT`` for this process and the ranks it starts (``--transport``)."""
+    os.environ["COLLECTIVES_TRANSPORT"] = value
+    transport()     # checked now, not at the first message
 
 
 def parse_algorithms(text, where="COLLECTIVES_ALGO"):

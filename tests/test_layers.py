@@ -18,7 +18,7 @@ PACKAGE = ROOT / "collectives"
 LAYERS = [
     ("algorithms", ["algorithms/"]),
     ("ground", ["errors", "reduce_ops", "settings"]),
-    ("interfaces", ["door", "observers", "group", "flight_recorder"]),
+    ("interfaces", ["door", "observers", "group", "flight_recorder", "shm"]),
     ("the real door", ["p2p_communications"]),
     ("around the door", ["desync", "engine", "tuning/"]),
     ("the call path", ["call", "api", "tensor_api", "p2p_api"]),

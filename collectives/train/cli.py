@@ -29,6 +29,7 @@ import os
 import socket
 import sys
 
+from .. import settings
 from ..algorithms import ALGORITHMS
 from ..tools import launch
 from ..tools.lab import FLAG_HELP, lab_argument, parse_lab, unavailable_reason
@@ -72,6 +73,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads per rank (default: cores // ranks on this node, at least 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--transport", choices=["auto", "gloo", "shm"], default=None,
+                   help="how ranks on one host exchange messages (sets COLLECTIVES_TRANSPORT; "
+                        "default: its value, else auto: shared memory)")
     # Kept as its canonical text: the run's arguments go into checkpoints, readable without us.
     p.add_argument("--lab", type=lambda text: str(lab_argument(text)), default=None,
                    metavar="hosts=K,...", help=FLAG_HELP)
@@ -111,6 +115,9 @@ def main(argv=None):
     code is non-zero, under torchrun too.
     """
     args = parse_args(argv)
+    if args.transport is not None:
+        # the ranks inherit this process's environment; the bits do not depend on it
+        settings.set_transport(args.transport)
     try:
         check_args(args)
         if args.compression and args.sync != "bucketed":

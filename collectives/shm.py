@@ -1,0 +1,589 @@
+"""The shared-memory transport: messages between ranks on one host without the network stack.
+
+**What it replaces.** On gloo, a message between two processes on one machine goes
+through TCP on the loopback interface: the sender's ``write`` copies the bytes into a
+kernel socket buffer, the kernel runs them through TCP and IP, wakes gloo's socket
+thread on the other side, and its ``read`` copies them out again; every 64 KiB or so
+is one more pair of system calls. This transport keeps the two copies and drops the
+rest: the sender copies into a mailbox both processes have mapped, the receiver copies
+out of it, and a one-byte doorbell wakes whoever waits. NCCL does the same for GPUs of
+one node (its SHM transport, beside P2P and NET) for the same reason.
+
+**Semantics.** Under the door (:class:`collectives.p2p_communications.Comm`), as a
+drop-in for gloo's ``send([tensor], peer, tag)`` / ``recv([tensor], peer, tag)``: both
+return a work whose ``wait(timeout)`` blocks until the message has been copied into the
+peer's mailbox (a send) or out of ours (a receive). Messages of one ordered pair arrive
+in the order they were sent; a receive takes the first waiting message with its tag,
+and a message whose tag no posted receive has waits in the mailbox (as gloo's would),
+so a desynchronised program waits and is explained by the door's timeout.
+
+**Steps** (one group, set up once when its first collective runs; every rank of the
+group takes part, over the gloo group, in three small all-gathers):
+
+1. Every rank says who it is: its *host identity* (hostname, the inode of its network
+   namespace, the device and inode of ``/dev/shm``: two lab hosts on one machine differ
+   in the second) and its pid. Ranks with equal identities share a host; pairs on
+   different hosts keep gloo.
+2. Every rank creates its *inbox*: one file in ``/dev/shm`` holding one mailbox per
+   peer on its host (a ring of ``capacity`` bytes with a ``head`` the sender advances
+   and a ``tail`` the receiver advances), with its space reserved by ``posix_fallocate``
+   (so a full ``/dev/shm`` is an error here, never a SIGBUS later), and a FIFO, its
+   doorbell. It says whether that worked. If any rank of the host failed, the whole
+   host keeps gloo (``auto``: one warning line) or every rank raises (``shm``).
+3. Every rank maps its peers' inboxes and opens their doorbells and a pidfd for each
+   peer, and says so; after that third all-gather every file has been opened by
+   everyone who needs it, and its owner unlinks it. Nothing is left in ``/dev/shm``
+   from then on, whatever happens to the processes: the memory goes when the last one
+   unmaps it. A job killed inside the few milliseconds between steps 2 and 3 leaves its
+   files, named with the creator's pid; the next job on the host removes the files of
+   pids that no longer run.
+
+Moving a message of S bytes from rank a to rank b (a's mailbox in b's inbox):
+
+1. a waits for 64 bytes of room and writes a record header (tag, S) at ``head``;
+2. a copies as much of the payload as the ring has room for, advances ``head``, and
+   rings b's doorbell (writes one byte to b's FIFO);
+3. b, woken (or finding it while polling), reads the header, matches it to its first
+   posted receive from a with that tag, copies what has arrived into the tensor,
+   advances ``tail``, and rings a's doorbell: room again;
+4. steps 2-3 repeat until all S bytes are through: a message larger than the mailbox
+   streams through it in pieces, the sender filling while the receiver drains.
+
+A rank that waits looks again for ``SPIN`` (30 us, yielding its core between looks), then
+sleeps in ``poll`` on its doorbell and on the pidfds of the peers it
+waits for: it never spins, so four ranks on two cores leave the cores to the ranks with
+work, and a peer that dies (SIGKILL included) wakes it at once with an error naming the
+peer instead of a hang.
+
+**Worked example**, ring all_reduce on 4 ranks of one host, 16 MiB of float32, mailboxes
+of 2 MiB: each of the 6 steps moves a 4 MiB chunk from rank r to r+1, which streams
+through the r -> r+1 mailbox in two or more pieces; each byte of a chunk is copied
+twice (into the mailbox, out of it), then reduced. The 12 doorbell rings per chunk cost
+a few microseconds each, against ~1 ms for copying 4 MiB twice: memory bandwidth
+decides here. For a 4 KiB message the copies take ~1 us and the wake-up (a system call
+and a context switch, tens of us on a loaded machine) decides.
+
+**Copies per byte**, one message: shm 2 (sender into the mailbox, receiver out of it),
+no system call per byte, one wake-up per piece. gloo on loopback: 2 as well (``write``
+into the socket buffer, ``read`` out of it), plus TCP/IP's processing, socket-thread
+hand-offs in both processes, and a system call per ~64 KiB on each side. A reduction
+could read the peer's bytes straight from the mailbox and save the second copy; the
+door has no receive-and-reduce operation today (``collectives/door.py``), so the
+algorithms receive into a buffer and reduce from it, as on gloo.
+
+Citation: NCCL's transports (``src/transport/shm.cc``: host-memory FIFO between
+processes of one node); the single-producer single-consumer ring of Lamport,
+"Specifying Concurrent Program Modules", TOPLAS 1983.
+
+Memory ordering: head and tail are 8-byte aligned words, each written by one process
+only; the payload is written before the ``head`` store that publishes it. That is
+correct on x86-64 (total store order), which is where this project runs; another
+architecture would need a release/acquire fence around those stores.
+"""
+import ctypes
+import datetime
+import json
+import mmap
+import os
+import re
+import select
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+
+
+
+PREFIX = "collectives-shm-"
+DIRECTORY = "/dev/shm"
+DEFAULT_CAPACITY = 2 << 20      # bytes of one mailbox's ring
+ALIGN = 64                      # a cache line: records and counters start on one
+HEADER = 2 * ALIGN              # head on the first line, tail on the second (no false sharing)
+RECORD = ALIGN                  # a record header: tag, nbytes (two u64), padded
+SLICE = 0.05                    # seconds a waiter sleeps before checking its deadline again
+SPIN = 30e-6                    # seconds a waiter looks again (yielding the core) before it sleeps
+
+
+def cost(nbytes, capacity=DEFAULT_CAPACITY):
+    """What one message of ``nbytes`` costs on this transport.
+
+    Returns:
+        dict: ``copies`` (2: into the mailbox, out of it), ``bytes_copied``
+        (2 x nbytes), ``pieces`` (how many times it passes through the ring, so how
+        many doorbell rings each way at most), ``syscalls`` (one doorbell write per
+        piece each way).
+
+    Example::
+
+        >>> cost(16 << 20, capacity=2 << 20)["pieces"]   # 16 MiB and a 64-byte header
+        9
+    """
+    slot = _round(nbytes)
+    pieces = max(1, -(-(RECORD + slot) // capacity))
+    return {"copies": 2, "bytes_copied": 2 * nbytes, "pieces": pieces, "syscalls": 2 * pieces}
+
+
+def _round(n):
+    return -(-n // ALIGN) * ALIGN
+
+
+def host_identity():
+    """What makes two processes able to share memory: the same machine, the same network
+    namespace (a lab host is one, so two lab hosts on one machine count as two hosts),
+    the same ``/dev/shm``."""
+    try:
+        net = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        net = 0
+    try:
+        st = os.stat(DIRECTORY)
+        shm = f"{st.st_dev}:{st.st_ino}"
+    except OSError:
+        shm = "none"
+    return f"{socket.gethostname()}|net:{net}|shm:{shm}"
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(directory=DIRECTORY):
+    """Remove the files a killed job left in ``directory``: ours, from this host, whose
+    creating pid no longer runs. Returns the names removed."""
+    removed = []
+    host = _host_token()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = re.match(re.escape(PREFIX) + r"([0-9a-f]+)-(\d+)-", name)
+        if m is None or m.group(1) != host or _alive(int(m.group(2))):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except OSError:
+            pass        # another job's cleaner took it first
+    return removed
+
+
+def _host_token():
+    import zlib
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+class SetupFailed(RuntimeError):
+    """A rank could not make or map its inbox (a full /dev/shm, a missing one, ...)."""
+
+
+class PeerDied(RuntimeError):
+    """The peer a message waited for exited before the message completed."""
+
+
+class Work:
+    """One posted message; ``wait(timeout)`` as gloo's work takes it."""
+
+    __slots__ = ("transport", "kind", "peer", "tag", "tensor", "addr", "nbytes", "slot", "done_bytes",
+                 "done", "error")
+
+    def __init__(self, transport, kind, peer, tag, tensor):
+        self.transport, self.kind, self.peer, self.tag = transport, kind, peer, tag
+        self.tensor = tensor          # held until done: its memory is read or written by address
+        self.addr = tensor.data_ptr()
+        self.nbytes = tensor.nbytes
+        self.slot = _round(self.nbytes)
+        self.done_bytes = -1 if kind == "send" else 0    # -1: the record header is not written yet
+        self.done = False
+        self.error = None
+
+    def is_completed(self):
+        if not self.done and self.error is None:
+            self.transport.progress()
+        return self.done
+
+    def wait(self, timeout=None):
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        self.transport.wait_for(self, timeout)
+        return True
+
+
+class Mailbox:
+    """One direction of one pair: a ring of ``capacity`` bytes and its two counters.
+
+    ``head`` (bytes ever written) is stored only by the sender, ``tail`` (bytes ever
+    consumed) only by the receiver; ``head - tail`` bytes are waiting. Both only grow,
+    by multiples of 64, so the ring never needs a flag to tell full from empty.
+    """
+
+    def __init__(self, buffer, offset, capacity):
+        self.buffer, self.offset = buffer, offset + HEADER
+        self.words = memoryview(buffer)[offset:offset + HEADER].cast("Q")
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(buffer, offset + HEADER))
+        self.capacity = capacity
+
+    # Copies by address (memmove): a torch op costs microseconds of dispatch, which at
+    # 4 KiB is more than the copy itself.
+    def write(self, pos, src, n):
+        """Copy ``n`` bytes from address ``src`` into the ring at stream position ``pos``, wrapping."""
+        at = pos % self.capacity
+        first = min(n, self.capacity - at)
+        ctypes.memmove(self.base + at, src, first)
+        if first < n:
+            ctypes.memmove(self.base, src + first, n - first)
+
+    def read(self, pos, dst, n):
+        at = pos % self.capacity
+        first = min(n, self.capacity - at)
+        ctypes.memmove(dst, self.base + at, first)
+        if first < n:
+            ctypes.memmove(dst + first, self.base, n - first)
+
+    def put_record(self, pos, tag, nbytes):
+        struct.pack_into("<qq", self.buffer, self.offset + pos % self.capacity, tag, nbytes)
+
+    def get_record(self, pos):
+        return struct.unpack_from("<qq", self.buffer, self.offset + pos % self.capacity)
+
+
+def _inbox_size(peers, capacity):
+    return max(1, peers) * (HEADER + capacity)
+
+
+class ShmTransport:
+    """Mailboxes between this rank and the ranks of its group on its host.
+
+    Made by :func:`connect`; ``send``/``recv`` take group ranks in ``local`` (the peers
+    it reaches), as gloo's do. Thread-safe: any thread may post or wait; one copies at
+    a time.
+    """
+
+    def __init__(self, rank, local, pids, inbox, outboxes, bell_r, bells, pidfds, capacity):
+        self.rank, self.local, self.pids, self.capacity = rank, local, pids, capacity
+        self.inbox = inbox                 # peer -> Mailbox the peer writes into (in my file)
+        self.outbox = outboxes             # peer -> Mailbox I write into (in the peer's file)
+        self.bell_r = bell_r               # my doorbell's read end
+        self.bells = bells                 # peer -> the write end of its doorbell
+        self.pidfds = pidfds               # peer -> pidfd (readable once it exits), or None
+        self.sends = {p: deque() for p in local}
+        self.recvs = {p: [] for p in local}
+        self.current = {p: None for p in local}     # the receive a partly read message goes to
+        self.head = {p: 0 for p in local}           # my copy of each outbox's head
+        self.tail = {p: 0 for p in local}           # my copy of each inbox's tail
+        self.lock = threading.Lock()
+        self.waiters = 0
+        self.broken = None
+        self._maps = []
+
+    # -- posting -------------------------------------------------------------------------------
+    def send(self, tensors, peer, tag):
+        return self._post("send", tensors, peer, tag)
+
+    def recv(self, tensors, peer, tag):
+        return self._post("recv", tensors, peer, tag)
+
+    def _post(self, kind, tensors, peer, tag):
+        (tensor,) = tensors
+        work = Work(self, kind, peer, tag, tensor)
+        with self.lock:
+            if self.broken is not None:
+                raise PeerDied(self.broken)
+            (self.sends[peer].append if kind == "send" else self.recvs[peer].append)(work)
+            self._progress()      # a message that fits completes here, before any wait
+        return work
+
+    # -- moving bytes --------------------------------------------------------------------------
+    def progress(self):
+        with self.lock:
+            return self._progress()
+
+    def _progress(self):
+        """Move every byte that can move now; ring the doorbell of each peer that has news."""
+        moved = False
+        for peer in self.local:
+            rang = False
+            if self.sends[peer]:
+                rang |= self._push(peer)
+            if self.recvs[peer] or self.current[peer] is not None:
+                rang |= self._pull(peer)
+            if rang:
+                moved = True
+                try:
+                    os.write(self.bells[peer], b"!")
+                except BlockingIOError:
+                    pass    # the FIFO is full of rings already: the peer will wake
+        return moved
+
+    def _push(self, peer):
+        box, queue = self.outbox[peer], self.sends[peer]
+        head, moved = self.head[peer], False
+        while queue:
+            work = queue[0]
+            free = box.capacity - (head - box.words[ALIGN // 8])
+            if work.done_bytes < 0:
+                if free < RECORD:
+                    break
+                box.put_record(head, work.tag, work.nbytes)
+                head += RECORD
+                free -= RECORD
+                work.done_bytes = 0
+                moved = True
+            amount = min(free, work.slot - work.done_bytes)
+            if amount > 0:
+                real = min(amount, work.nbytes - work.done_bytes)
+                if real > 0:
+                    box.write(head, work.addr + work.done_bytes, real)
+                head += amount
+                work.done_bytes += amount
+                moved = True
+            if work.done_bytes < work.slot:
+                break
+            work.done = True
+            queue.popleft()
+        if moved:
+            box.words[0] = head      # publish: the payload above is written before this store
+            self.head[peer] = head
+        return moved
+
+    def _pull(self, peer):
+        box = self.inbox[peer]
+        tail, moved = self.tail[peer], False
+        while True:
+            avail = box.words[0] - tail
+            work = self.current[peer]
+            if work is None:
+                if avail < RECORD:
+                    break
+                tag, nbytes = box.get_record(tail)
+                work = next((w for w in self.recvs[peer] if w.tag == tag), None)
+                if work is None:
+                    break       # no receive for it yet: it waits in the mailbox
+                if work.nbytes != nbytes:
+                    raise RuntimeError(f"a message of {nbytes} bytes arrived for a receive of "
+                                       f"{work.nbytes} bytes with the same tag")
+                self.recvs[peer].remove(work)
+                self.current[peer] = work
+                tail += RECORD
+                avail -= RECORD
+                moved = True
+            amount = min(avail, work.slot - work.done_bytes)
+            if amount > 0:
+                real = min(amount, work.nbytes - work.done_bytes)
+                if real > 0:
+                    box.read(tail, work.addr + work.done_bytes, real)
+                tail += amount
+                work.done_bytes += amount
+                moved = True
+            if work.done_bytes < work.slot:
+                break
+            work.done = True
+            self.current[peer] = None
+        if moved:
+            box.words[ALIGN // 8] = tail    # the bytes are copied out before the room is given back
+            self.tail[peer] = tail
+        return moved
+
+    # -- waiting -------------------------------------------------------------------------------
+    def wait_for(self, work, timeout=None):
+        """Block until ``work`` is done: progress, then sleep on the doorbell and the waited-for
+        peers' pidfds; raise ``TimeoutError`` after ``timeout`` s or :class:`PeerDied`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poller = select.poll()
+        poller.register(self.bell_r, select.POLLIN)
+        watched, spin_until = {}, None
+        with self.lock:
+            self.waiters += 1
+        try:
+            while True:
+                with self.lock:
+                    moved = self._progress()
+                    if moved and self.waiters > 1:
+                        self._ring_self()      # another thread may sleep on news this one took
+                    if work.done:
+                        return
+                    if work.error is not None:
+                        raise PeerDied(work.error)
+                    if self.broken is not None:
+                        raise PeerDied(self.broken)
+                    waiting = self._waited_peers()
+                for peer in waiting:
+                    fd = self.pidfds.get(peer)
+                    if fd is not None and fd not in watched:
+                        poller.register(fd, select.POLLIN)
+                        watched[fd] = peer
+                if spin_until is None:
+                    # a peer running on another core answers within microseconds: look again
+                    # for a moment before sleeping; sched_yield hands the core to a ready
+                    # rank when ranks outnumber cores, so this spin never starves one
+                    spin_until = time.monotonic() + SPIN
+                if time.monotonic() < spin_until:
+                    os.sched_yield()
+                    continue
+                left = SLICE if deadline is None else min(SLICE, deadline - time.monotonic())
+                if left <= 0:
+                    raise TimeoutError(f"Timed out after {timeout:g} s waiting to "
+                                       f"{work.kind} {work.nbytes} bytes (shared memory, peer {work.peer})")
+                events = poller.poll(max(1, int(left * 1000)))
+                dead = [watched[fd] for fd, _ in events if fd in watched]
+                if self.pidfds and not events:
+                    dead += [p for p in waiting if self.pidfds.get(p) is None and not _alive(self.pids[p])]
+                self._drain()
+                if dead:
+                    self._peer_died(dead[0], work)
+        finally:
+            with self.lock:
+                self.waiters -= 1
+
+    def _waited_peers(self):
+        return [p for p in self.local if self.sends[p] or self.recvs[p] or self.current[p] is not None]
+
+    def _peer_died(self, peer, work):
+        with self.lock:
+            self._progress()       # what the peer wrote before it died still counts
+            if work.done:
+                return
+            self.broken = (f"the process of group rank {peer} (pid {self.pids[peer]}) exited "
+                           f"while this rank waited for it: it was killed or failed. "
+                           f"Shared-memory transport")
+            raise PeerDied(self.broken)
+
+    def _ring_self(self):
+        try:
+            os.write(self.bells[self.rank], b"!")
+        except BlockingIOError:
+            pass
+
+    def _drain(self):
+        try:
+            while os.read(self.bell_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self):
+        for fd in [self.bell_r, *self.bells.values(), *(f for f in self.pidfds.values() if f is not None)]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def connect(rank, size, allgather, required=False, capacity=DEFAULT_CAPACITY, directory=DIRECTORY,
+            warn=None):
+    """Set up shared memory between the ranks of one group that share a host.
+
+    Args:
+        rank, size: this rank in the group and the group's size.
+        allgather: ``allgather(bytes) -> [bytes of rank 0, 1, ...]`` over the group
+            (the door's, over gloo). Called three times, by every rank.
+        required: raise :class:`SetupFailed` on every rank if any rank of this host
+            cannot make its inbox (``COLLECTIVES_TRANSPORT=shm``); else fall back.
+        capacity: bytes of each mailbox's ring (a multiple of 64).
+        warn: called with one line when falling back (default: print to stderr).
+
+    Returns:
+        (ShmTransport or None, tuple of the group ranks it reaches): None when no
+        peer shares this host or setup failed on the host (then gloo carries all).
+    """
+    assert capacity % ALIGN == 0 and capacity >= 2 * RECORD
+    clean_stale(directory)
+    me = {"host": host_identity(), "pid": os.getpid()}
+    everyone = [json.loads(b) for b in allgather(json.dumps(me).encode())]
+    local = tuple(r for r in range(size) if r != rank and everyone[r]["host"] == me["host"])
+    host_ranks = sorted((rank,) + local)
+    pids = {r: everyone[r]["pid"] for r in host_ranks}
+
+    # 2. my inbox: one mailbox per local peer, in the order of their ranks
+    made, status = [], {"ok": True}
+    inbox_map, bell_r = None, None
+    if local:
+        base = os.path.join(directory, f"{PREFIX}{_host_token()}-{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            fd = os.open(base, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            made.append(base)
+            try:
+                os.posix_fallocate(fd, 0, _inbox_size(len(local), capacity))
+                inbox_map = mmap.mmap(fd, _inbox_size(len(local), capacity))
+            finally:
+                os.close(fd)
+            os.mkfifo(base + ".bell", 0o600)
+            made.append(base + ".bell")
+            # open for reading now, before the peers open it to write (else they get ENXIO);
+            # O_RDWR: the read end never sees end-of-file when a peer closes its end
+            bell_r = os.open(base + ".bell", os.O_RDWR | os.O_NONBLOCK)
+            status = {"ok": True, "path": base}
+        except OSError as exc:
+            status = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    statuses = [json.loads(b) for b in allgather(json.dumps(status).encode())]
+    failed = {r: statuses[r]["error"] for r in host_ranks if not statuses[r]["ok"]}
+    if failed:
+        _unlink(made)
+        if bell_r is not None:
+            os.close(bell_r)
+        allgather(json.dumps({"ok": True}).encode())   # the third all-gather, which other hosts make
+        return _fallback(failed, required, warn, directory)
+    if not local:
+        allgather(b"{}")
+        return None, ()
+
+    # 3. map the peers' inboxes, open their doorbells and pidfds
+    opened, bells, outboxes, pidfds, maps = {"ok": True}, {}, {}, {}, []
+    bells[rank] = os.open(status["path"] + ".bell", os.O_WRONLY | os.O_NONBLOCK)
+    inbox = {p: Mailbox(inbox_map, i * (HEADER + capacity), capacity) for i, p in enumerate(local)}
+    try:
+        for peer in local:
+            path = statuses[peer]["path"]
+            theirs = tuple(r for r in host_ranks if r != peer)
+            fd = os.open(path, os.O_RDWR)
+            try:
+                m = mmap.mmap(fd, _inbox_size(len(theirs), capacity))
+            finally:
+                os.close(fd)
+            maps.append(m)
+            outboxes[peer] = Mailbox(m, theirs.index(rank) * (HEADER + capacity), capacity)
+            bells[peer] = os.open(path + ".bell", os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                pidfds[peer] = os.pidfd_open(pids[peer])
+            except (AttributeError, OSError):
+                pidfds[peer] = None      # no pidfds here: the waiter asks kill(pid, 0) instead
+    except OSError as exc:
+        opened = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    results = [json.loads(b) for b in allgather(json.dumps(opened).encode())]
+    _unlink(made)     # everyone who needs my files has them open (or gave up): the names can go
+    failed = {r: results[r]["error"] for r in host_ranks if not results[r]["ok"]}
+    if failed:
+        for fd in [bell_r, *bells.values(), *(f for f in pidfds.values() if f is not None)]:
+            os.close(fd)
+        return _fallback(failed, required, warn, directory)
+    transport = ShmTransport(rank, local, pids, inbox, outboxes, bell_r, bells, pidfds, capacity)
+    transport._maps = [inbox_map, *maps]
+    return transport, local
+
+
+def _unlink(paths):
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+def _fallback(failed, required, warn, directory):
+    rank, error = next(iter(sorted(failed.items())))
+    text = (f"shared memory between the ranks of this host failed on group rank {rank} "
+            f"({error}; is {directory} full or missing?)")
+    if required:
+        raise SetupFailed(f"{text}. COLLECTIVES_TRANSPORT=shm requires it; set "
+                          f"COLLECTIVES_TRANSPORT=auto to fall back to gloo, or free space in {directory}")
+    (warn or (lambda line: print(line, file=sys.stderr, flush=True)))(
+        f"collectives: {text}: this group uses gloo")
+    return None, ()

@@ -1,0 +1,210 @@
+"""The shared-memory transport (``collectives/shm.py``) on its own, in real process worlds.
+
+Messages carry values that encode sender, receiver and index, so every received byte has a
+closed form; mailboxes are made small so that messages stream through them in pieces. The
+faults: a peer SIGKILLed mid-transfer is named quickly, no file of the job is left in
+/dev/shm once a group is set up, a killed job's leftovers are removed by the next start,
+and a /dev/shm that cannot hold the inboxes gives every rank the same answer before any
+message (an error with ``required``, else gloo and one warning line).
+"""
+import datetime
+import errno
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from collectives import shm
+from tests.worlds import free_port, run_world
+
+
+def allgather(data):
+    """The setup's all-gather, here torch's own (the door uses its gloo messages)."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, data)
+    return out
+
+
+def payload(src, dst, i, numel, dtype=torch.float32):
+    return (torch.arange(numel, dtype=torch.float64) + 1000 * src + 100 * dst + 10 * i).to(dtype)
+
+
+def exchange_all(rank, n, capacity, sizes):
+    """Every rank sends every size to every other rank, all posted at once, tags out of order."""
+    t, local = shm.connect(rank, n, allgather, required=True, capacity=capacity)
+    assert sorted(local) == [r for r in range(n) if r != rank]
+    if n == 1:
+        return t is None
+    works, received = [], []
+    for peer in local:
+        # receives posted in reverse tag order: a receive takes the message with its tag
+        for i, numel in reversed(list(enumerate(sizes))):
+            buf = torch.full((numel,), -1.0)
+            received.append((peer, i, numel, buf))
+            works.append(t.recv([buf], peer, tag=i))
+    for peer in local:
+        for i, numel in enumerate(sizes):
+            works.append(t.send([payload(rank, peer, i, numel)], peer, tag=i))
+    for w in works:
+        w.wait(timeout=30)
+    return all(torch.equal(buf, payload(peer, rank, i, numel)) for peer, i, numel, buf in received)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_every_byte_arrives_streamed_through_small_mailboxes(n):
+    # 4 KiB mailboxes: 100,000 floats (400 kB) pass in ~100 pieces; 0 and 1 element too
+    sizes = [0, 1, 3, 1000, 100_000]
+    assert run_world(exchange_all, n, 4096, sizes, timeout=120) == [True] * n
+
+
+def dtypes_and_order(rank, n):
+    t, local = shm.connect(rank, n, allgather, required=True, capacity=1024)
+    peer = 1 - rank
+    ok = True
+    for step, dtype in enumerate([torch.float64, torch.int8, torch.bool, torch.complex64, torch.bfloat16]):
+        x = (torch.arange(777) % 2 if dtype is torch.bool else torch.arange(777) + rank).to(dtype)
+        y = torch.zeros(777, dtype=dtype)
+        r = t.recv([y], peer, tag=step)
+        s = t.send([x], peer, tag=step)
+        s.wait(timeout=30)
+        r.wait(timeout=30)
+        want = (torch.arange(777) % 2 if dtype is torch.bool else torch.arange(777) + peer).to(dtype)
+        ok &= torch.equal(y, want)
+    return ok
+
+
+def test_dtypes_and_messages_in_send_order():
+    assert run_world(dtypes_and_order, 2) == [True, True]
+
+
+def killed_mid_transfer(rank, n):
+    t, local = shm.connect(rank, n, allgather, required=True, capacity=4096)
+    if rank == 1:
+        first = torch.zeros(10)
+        t.recv([first], 0, tag=0).wait(timeout=30)
+        os.kill(os.getpid(), signal.SIGKILL)    # mid-transfer: rank 0's big message is streaming
+    big = torch.ones(1 << 20)                   # 4 MiB through a 4 KiB mailbox
+    t.send([torch.ones(10)], 1, tag=0).wait(timeout=30)
+    start = time.monotonic()
+    work = t.send([big], 1, tag=1)
+    try:
+        work.wait(timeout=60)
+    except shm.PeerDied as exc:
+        return time.monotonic() - start, str(exc)
+    return None
+
+
+def _killable(rank, n, port, fn, queue):
+    """A rank outside the test launcher (which stops a world once a rank dies): rank 0's
+    result goes to ``queue``, whatever happens to the others."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        result = fn(rank, n)
+    except Exception as exc:
+        result = ("raised", f"{type(exc).__name__}: {exc}")
+    if rank == 0:
+        queue.put(result)
+        queue.close()
+        queue.join_thread()     # the feeder thread must write it before _exit
+    os._exit(0)     # no teardown: the peer is dead and gloo's would wait for it
+
+
+def survivor_of_sigkill(fn, n):
+    """Run ``fn(rank, n)`` on ``n`` processes in which some rank SIGKILLs itself; rank 0's result."""
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_killable, args=(r, n, port, fn, queue)) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        return queue.get(timeout=120)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+def test_a_peer_killed_mid_transfer_is_named_at_once():
+    elapsed, text = survivor_of_sigkill(killed_mid_transfer, 2)
+    assert elapsed < 10, elapsed      # the pidfd wakes it: not the 60 s it was allowed
+    assert "group rank 1" in text and "exited" in text, text
+
+
+def files_of(pids):
+    return sorted(name for name in os.listdir(shm.DIRECTORY)
+                  if name.startswith(shm.PREFIX) and any(f"-{pid}-" in name for pid in pids))
+
+
+def nothing_left_after_setup(rank, n):
+    t, local = shm.connect(rank, n, allgather, required=True)
+    pids = allgather(os.getpid())
+    dist.barrier()
+    return files_of(pids)
+
+
+def test_no_file_outlives_setup():
+    # the names go as soon as every peer has mapped them: nothing to leak after that,
+    # whether the job then exits, raises, is interrupted or killed
+    assert run_world(nothing_left_after_setup, 3) == [[], [], []]
+
+
+def stale_is_cleaned(rank, n, stale):
+    shm.connect(rank, n, allgather, required=True)
+    return os.path.exists(stale)
+
+
+def test_the_next_start_removes_what_a_killed_job_left():
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)      # a pid that no longer runs
+    stale = os.path.join(shm.DIRECTORY, f"{shm.PREFIX}{shm._host_token()}-{dead}-deadbeef")
+    open(stale, "wb").close()
+    open(stale + ".bell", "wb").close()
+    try:
+        assert run_world(stale_is_cleaned, 2, stale) == [False, False]
+        assert not os.path.exists(stale + ".bell")
+    finally:
+        for p in (stale, stale + ".bell"):
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def full_shm(rank, n, required):
+    if rank == 1:
+        def no_space(fd, offset, length):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.posix_fallocate = no_space     # this rank's /dev/shm is full
+    lines = []
+    try:
+        t, local = shm.connect(rank, n, allgather, required=required, warn=lines.append)
+    except shm.SetupFailed as exc:
+        return "error", str(exc)
+    return (t is None, local, lines, files_of(allgather(os.getpid())))
+
+
+def test_a_full_dev_shm_falls_back_to_gloo_with_one_warning():
+    results = run_world(full_shm, 3, False)
+    for gloo, local, lines, left in results:
+        assert gloo and local == () and left == []
+        assert len(lines) == 1 and "group rank 1" in lines[0] and "No space left" in lines[0], lines
+
+
+def test_a_full_dev_shm_is_a_clear_error_on_every_rank_when_shm_is_required():
+    results = run_world(full_shm, 3, True)
+    for kind, text in results:
+        assert kind == "error"
+        assert "group rank 1" in text and "No space left" in text and "COLLECTIVES_TRANSPORT" in text
+
+
+def test_cost_counts_pieces():
+    assert shm.cost(0)["pieces"] == 1
+    assert shm.cost(16 << 20, capacity=2 << 20) == {"copies": 2, "bytes_copied": 32 << 20,
+                                                    "pieces": 9, "syscalls": 18}

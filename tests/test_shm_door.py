@@ -1,0 +1,150 @@
+"""The shared-memory transport under the door: every collective on it, set up once per group.
+
+``COLLECTIVES_TRANSPORT=shm`` (setup failing is an error, not a fallback), results compared
+with torch's built-in on the same ranks, sizes 0, fewer elements than ranks and larger than a
+mailbox; a rank SIGKILLed after setup is named by the door within the timeout; the torch
+backend's groups use it too; a lab host (another network namespace) is another host.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import collectives
+from collectives import settings, shm
+from tests.test_shm import survivor_of_sigkill
+from tests.worlds import run_world
+
+SHM = {"COLLECTIVES_TRANSPORT": "shm"}
+
+
+def count_setups():
+    """Count inbox files made in this process (one per group set up)."""
+    real = os.posix_fallocate
+    made = []
+
+    def counting(fd, offset, length):
+        made.append(length)
+        return real(fd, offset, length)
+    os.posix_fallocate = counting
+    return made
+
+
+def every_collective(rank, n):
+    made = count_setups()
+    wrong = []
+    big = shm.DEFAULT_CAPACITY // 4 + 1000         # floats: more bytes than one mailbox
+    for numel in (0, max(n - 1, 1), 1000, big):
+        for algo in (None, "ring", "recursive_doubling", "tree"):
+            x = torch.arange(numel, dtype=torch.float64) * (rank + 1)
+            want = x.clone()
+            dist.all_reduce(want)
+            collectives.all_reduce(x, algorithm=algo)
+            if not torch.equal(x, want):
+                wrong.append(("all_reduce", algo, numel))
+        x = torch.arange(numel, dtype=torch.float32) + rank
+        want = x.clone()
+        dist.broadcast(want, src=n - 1)
+        collectives.broadcast(x, src=n - 1)
+        if not torch.equal(x, want):
+            wrong.append(("broadcast", numel))
+        mine = torch.full((numel,), float(rank))
+        got = [torch.empty(numel) for _ in range(n)]
+        collectives.all_gather(got, mine)
+        if not all(torch.equal(g, torch.full((numel,), float(r))) for r, g in enumerate(got)):
+            wrong.append(("all_gather", numel))
+        ins = [torch.full((numel,), float(100 * rank + r)) for r in range(n)]
+        outs = [torch.empty(numel) for _ in range(n)]
+        collectives.all_to_all(outs, ins)
+        if not all(torch.equal(o, torch.full((numel,), float(100 * r + rank))) for r, o in enumerate(outs)):
+            wrong.append(("all_to_all", numel))
+    collectives.barrier()
+    return wrong, len(made)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_every_collective_on_shared_memory_matches_torch_and_sets_up_once(n):
+    for wrong, setups in run_world(every_collective, n, env=SHM, timeout=200):
+        assert wrong == []
+        assert setups == 1     # the world group: one inbox, made at its first call
+
+
+def one_world_of_one(rank, n):
+    x = torch.ones(3)
+    collectives.all_reduce(x)
+    return x.tolist()
+
+
+def test_a_world_of_one_sends_nothing():
+    assert run_world(one_world_of_one, 1, env=SHM) == [[1.0, 1.0, 1.0]]
+
+
+def killed_after_setup(rank, n):
+    x = torch.ones(1 << 16)
+    collectives.all_reduce(x, algorithm="ring")       # the group's shared memory is set up
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        collectives.all_reduce(x, algorithm="ring")
+        text = "returned"
+    except collectives.CollectiveError as exc:
+        text = str(exc)
+    return time.monotonic() - start, text
+
+
+def test_a_rank_killed_is_named_by_the_door_well_within_the_timeout():
+    os.environ["COLLECTIVES_TRANSPORT"] = "shm"       # the spawned ranks inherit it
+    try:
+        elapsed, text = survivor_of_sigkill(killed_after_setup, 3)
+    finally:
+        del os.environ["COLLECTIVES_TRANSPORT"]
+    assert elapsed < 10, (elapsed, text)      # COLLECTIVES_TIMEOUT is 300 (the default) here
+    # rank 0 waits on rank 2, which lost rank 1: the door names rank 1 either way
+    assert "rank 1 of the group [0, 1, 2] died" in text and "all_reduce" in text, text
+
+
+def backend_world(rank, n):
+    from collectives import p2p_communications
+    made = count_setups()
+    x = torch.full((5,), float(rank))
+    dist.all_reduce(x)          # on backend "collectives": our algorithms, our door
+    # the group set shared memory up when it was created (its agreement is its first message)
+    found = list(p2p_communications._shm_of.values()) + [v for _, v in p2p_communications._shm_of_ids.values()]
+    return x.tolist(), len(made), sum(shm is not None and len(peers) == n - 1 for shm, peers in found)
+
+
+def test_the_torch_backend_uses_shared_memory():
+    out = run_world(backend_world, 3, env=SHM, backend="collectives")
+    for values, setups_after, groups_on_shm in out:
+        assert values == [3.0] * 5
+        assert setups_after == 0 and groups_on_shm >= 1
+
+
+def test_the_setting():
+    os.environ["COLLECTIVES_TRANSPORT"] = "carrier-pigeon"
+    try:
+        with pytest.raises(ValueError, match="COLLECTIVES_TRANSPORT='carrier-pigeon'.*gloo, shm, auto"):
+            settings.transport()
+    finally:
+        del os.environ["COLLECTIVES_TRANSPORT"]
+    assert settings.transport() == "gloo"     # opt-in until measured faster (issue 37)
+
+
+def test_another_network_namespace_is_another_host():
+    # a lab host is a network namespace: unshare(1) makes one, as the lab does
+    code = "from collectives import shm; print(shm.host_identity())"
+    try:
+        inside = subprocess.run(["unshare", "--net", sys.executable, "-c", code], capture_output=True,
+                                text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        pytest.skip("no unshare here")
+    if inside.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {inside.stderr.strip()[-200:]}")
+    assert inside.stdout.strip() != shm.host_identity()
+    assert inside.stdout.split("|")[0] == shm.host_identity().split("|")[0]   # same machine
