@@ -481,6 +481,25 @@ def _create(dist_backend_opts, backend_options=None):
 class _AsProcessGroup(CollectivesBackend, dist.ProcessGroup):
     """Our backend as the whole torch group (a group that is ours on every device)."""
 
+    def _get_backend(self, device):
+        """The group's backend for ``device``: this object, on every device it serves.
+
+        torch's C++ ``ProcessGroup`` keeps a per-device table that a Python group never
+        fills, so its own ``_get_backend`` raises "No backend type associated with device
+        type cpu". Python paths of torch ask it all the same before they send a message
+        (``batch_isend_irecv``, ``_time_estimator``, ``split_group``, ``shrink_group``):
+        they get our methods, by the names they call on a backend.
+        """
+        kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+        if kind not in ("cpu", "cuda"):
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
+
+    def perform_nocolor_split(self, device):
+        """torch asks a group it splits from to take part in the split from non-members too
+        (NCCL's ``ncclCommSplit``). Our child groups are built by torch's creator from the
+        store, so a rank outside the new group has nothing to do."""
+
 
 _AsBackend = type("_AsBackend", (CollectivesBackend, _C10dBackend),
                   {"__doc__": "Our backend as torch's per-device Backend (a mixed group)."}) \
