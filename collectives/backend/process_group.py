@@ -247,6 +247,34 @@ class CollectivesBackend:
         name = getattr(opts, "group_name", "") or ""
         return type(self)(store, ranks.index(self._me), len(ranks), timeout, ranks, name)
 
+    @property
+    def supports_shrinking(self):
+        return _AsBackend is not None
+
+    def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
+        """A backend over this group's members less ``ranks_to_exclude`` (group ranks), for
+        ``dist.shrink_group``: the survivors of a job call it, the excluded ranks never do.
+
+        torch registers what this returns as the per-device backend of a fresh C++
+        ``ProcessGroup``, so it is the ``Backend`` form (torch 2.14 and later). The new
+        group's transports meet under a key of their own in the group's store (creating a
+        group is the rendezvous the store is for), named by the survivors, so a second
+        shrink of the same group meets apart from the first. Nothing is asked of the
+        excluded ranks: they may be gone.
+        """
+        if _AsBackend is None:
+            raise _unsupported("shrink", "this torch gives Backend no Python constructor")
+        gone = sorted(set(int(r) for r in ranks_to_exclude))
+        if self._rank in gone:
+            raise _unsupported("shrink", f"this rank ({self._rank}) is among the ranks to exclude")
+        keep = [g for r, g in enumerate(self._ranks) if r not in gone]
+        self._shrinks = getattr(self, "_shrinks", 0) + 1
+        store = PrefixStore(f"{NAME}-shrink/{self._group_name}/{self._shrinks}/"
+                            f"{','.join(map(str, keep))}/", self._store)
+        timeout = getattr(opts_override, "_timeout", None) or self._timeout
+        name = f"{self._group_name}:shrunk{self._shrinks}"
+        return _AsBackend(store, keep.index(self._me), len(keep), timeout, keep, name)
+
     # -- running one collective ------------------------------------------------------------
 
     @property
