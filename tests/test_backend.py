@@ -202,6 +202,26 @@ def _cases(rank, group, ranks, ref):
         assert torch.equal(got, torch.full((3,), float((me - 1) % n)))
     yield "isend/irecv ring", point_to_point
 
+    def batched_point_to_point():
+        # torch's own batch_isend_irecv asks the group for its CPU backend first; receives listed
+        # before sends, two messages in one direction (kept in order) and two tags in one batch
+        if n == 1:
+            return
+        right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
+        got = [torch.empty(4), torch.empty(2, dtype=torch.int64), torch.empty(0)]
+        ops = [dist.P2POp(dist.irecv, got[0], left, group, tag=0),
+               dist.P2POp(dist.irecv, got[1], left, group, tag=9),
+               dist.P2POp(dist.irecv, got[2], left, group, tag=9),
+               dist.P2POp(dist.isend, torch.arange(4.0) + 10 * me, right, group, tag=0),
+               dist.P2POp(dist.isend, torch.tensor([me, -me]), right, group, tag=9),
+               dist.P2POp(dist.isend, torch.empty(0), right, group, tag=9)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        prev = (me - 1) % n
+        assert torch.equal(got[0], torch.arange(4.0) + 10 * prev), got
+        assert got[1].tolist() == [prev, -prev], got
+    yield "batch_isend_irecv ring", batched_point_to_point
+
     def any_source():
         # irecv without src reaches the backend's recv_anysource. dist.recv without src also
         # asks the Work for its sender: torch 2.15 wraps a Python backend's Work in one that

@@ -55,7 +55,8 @@ GATED = [
     "test_all_reduce_coalesced_full_group_min", "test_all_reduce_coalesced_full_group_product",
     "test_all_reduce_coalesced_full_group_sum", "test_all_reduce_coalesced_max",
     "test_all_reduce_coalesced_min", "test_all_reduce_coalesced_product",
-    "test_all_reduce_coalesced_sum", "test_get_future", "test_grads_same_across_ranks_with_no_sync",
+    "test_all_reduce_coalesced_sum", "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags",
+    "test_get_future", "test_grads_same_across_ranks_with_no_sync",
     "test_scatter_object_list",
 ]
 

@@ -16,7 +16,9 @@ from ..engine import engine, wait_for
 from ..errors import UnsupportedOperation
 from ..group import GroupInfo
 from ..p2p_communications import Comm
-from ..tuning import agreed
+from ..algorithms import ALGORITHMS
+from ..call import nbytes
+from ..tuning import agreed, choice, cost_model
 
 NAME = "collectives"
 
@@ -113,6 +115,7 @@ class CollectivesBackend:
         self._timeout = timeout
         self._store = store
         self._algorithms = settings.algorithm_overrides()
+        self._estimating = None     # between torch's _start_ and _end_time_estimate: [seconds, ...]
         # A prefixed copy of the store, so the inner transport's keys never meet
         # the ones torch (or another backend on this group) writes.
         self._transport = ProcessGroupGloo(PrefixStore(f"{NAME}/", store), rank, size, timeout)
@@ -166,6 +169,36 @@ class CollectivesBackend:
     def supports_coalescing(self):
         return False
 
+    # -- torch's time estimator (dist.distributed_c10d._time_estimator) ----------------------
+
+    @property
+    def supports_time_estimate(self):
+        return True
+
+    def _start_time_estimate(self):
+        """From now until :meth:`_end_time_estimate`, collectives on this group are priced by
+        the cost model instead of run: no message moves and no tensor changes."""
+        self._estimating = []
+
+    def _end_time_estimate(self):
+        """The summed estimate of the collectives issued since :meth:`_start_time_estimate`,
+        in microseconds (the unit of NCCL's ``ncclGroupSimulateEnd``, which torch's NCCL
+        backend hands back here)."""
+        if self._estimating is None:
+            raise RuntimeError("collectives backend: _end_time_estimate without _start_time_estimate")
+        total, self._estimating = sum(self._estimating), None
+        return float(total * 1e6)
+
+    def _estimated(self, op, collective, size, outputs):
+        """Price one collective (``size``: the call's total bytes, as the choice reads it)
+        and hand back a finished Work, its outputs untouched."""
+        algorithm = self._choice(collective)
+        self._estimating.append(estimate_seconds(collective, size, self._size,
+                                                 agreed.tables_of(self._info), algorithm))
+        done = torch.futures.Future()
+        done.set_result(list(outputs))
+        return BackendWork(done, f"{op} (time estimate)")
+
     @property
     def options(self):
         """torch's ``Backend.Options`` for this group. Defined here because torch's
@@ -213,6 +246,34 @@ class CollectivesBackend:
         timeout = getattr(opts, "_timeout", None) or self._timeout
         name = getattr(opts, "group_name", "") or ""
         return type(self)(store, ranks.index(self._me), len(ranks), timeout, ranks, name)
+
+    @property
+    def supports_shrinking(self):
+        return _AsBackend is not None
+
+    def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
+        """A backend over this group's members less ``ranks_to_exclude`` (group ranks), for
+        ``dist.shrink_group``: the survivors of a job call it, the excluded ranks never do.
+
+        torch registers what this returns as the per-device backend of a fresh C++
+        ``ProcessGroup``, so it is the ``Backend`` form (torch 2.14 and later). The new
+        group's transports meet under a key of their own in the group's store (creating a
+        group is the rendezvous the store is for), named by the survivors, so a second
+        shrink of the same group meets apart from the first. Nothing is asked of the
+        excluded ranks: they may be gone.
+        """
+        if _AsBackend is None:
+            raise _unsupported("shrink", "this torch gives Backend no Python constructor")
+        gone = sorted(set(int(r) for r in ranks_to_exclude))
+        if self._rank in gone:
+            raise _unsupported("shrink", f"this rank ({self._rank}) is among the ranks to exclude")
+        keep = [g for r, g in enumerate(self._ranks) if r not in gone]
+        self._shrinks = getattr(self, "_shrinks", 0) + 1
+        store = PrefixStore(f"{NAME}-shrink/{self._group_name}/{self._shrinks}/"
+                            f"{','.join(map(str, keep))}/", self._store)
+        timeout = getattr(opts_override, "_timeout", None) or self._timeout
+        name = f"{self._group_name}:shrunk{self._shrinks}"
+        return _AsBackend(store, keep.index(self._me), len(keep), timeout, keep, name)
 
     # -- running one collective ------------------------------------------------------------
 
@@ -273,11 +334,15 @@ class CollectivesBackend:
     def _allreduce(self, op, tensors, opts):
         _check_tensors(op, tensors)
         red_op = _op(op, opts, tensors)
+        if self._estimating is not None:
+            return self._estimated(op, "all_reduce", sum(nbytes(t) for t in tensors), tensors)
         return self._wrap(op, [api.all_reduce(t, red_op, self._info, True, self._choice("all_reduce"))
                                for t in tensors], list(tensors))
 
     def broadcast(self, tensors, opts=None):
         _check_tensors("broadcast", tensors)
+        if self._estimating is not None:
+            return self._estimated("broadcast", "broadcast", sum(nbytes(t) for t in tensors), tensors)
         # the root goes to the API as a group rank, which validates it as it validates
         # everyone's (-1 or 5 in a group of 2: the same error on every rank, no message sent)
         return self._wrap("broadcast", [api.broadcast(t, None, self._info, True, self._choice("broadcast"),
@@ -287,6 +352,8 @@ class CollectivesBackend:
     def reduce(self, tensors, opts=None):
         _check_tensors("reduce", tensors)
         red_op = _op("reduce", opts, tensors)
+        if self._estimating is not None:
+            return self._estimated("reduce", "reduce", sum(nbytes(t) for t in tensors), tensors)
         return self._wrap("reduce", [api.reduce(t, None, red_op, self._info, True, self._choice("reduce"),
                                                 group_dst=opts.rootRank)
                                      for t in tensors], list(tensors))
@@ -312,6 +379,9 @@ class CollectivesBackend:
         _check_tensors(op, inputs)
         if len(output_lists) != len(inputs):
             raise _unsupported(op, f"got {len(output_lists)} output lists for {len(inputs)} inputs")
+        if self._estimating is not None:
+            return self._estimated(op, "all_gather", sum(nbytes(o) for outs in output_lists for o in outs),
+                                   [o for outs in output_lists for o in outs])
         works = []
         for outs, t in zip(output_lists, inputs):
             _check_list(op, "output_tensor_list", outs, self._size, t.dtype)
@@ -326,6 +396,8 @@ class CollectivesBackend:
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None, op="all_gather_single_coalesced"):
         _check_tensors(op, list(outputs) + list(inputs))
+        if self._estimating is not None:
+            return self._estimated(op, "all_gather", sum(nbytes(o) for o in outputs), outputs)
         return self._wrap(op, [_as_unsupported(op, tensor_api.all_gather_into_tensor, out, t, self._info, True,
                                                self._choice("all_gather"))
                                for out, t in zip(outputs, inputs)], list(outputs))
@@ -343,6 +415,8 @@ class CollectivesBackend:
             raise _unsupported("gather", f"takes one input tensor per call, got {len(inputs)}")
         root = opts.rootRank
         outs = list(output_lists[0]) if self._rank == root else None
+        if self._estimating is not None:
+            return self._estimated("gather", "gather", nbytes(inputs[0]) * self._size, outs or [])
         work = api.gather(inputs[0], outs, None, self._info, True, self._choice("gather"), group_dst=root)
         return self._wrap("gather", [work], outs or [])
 
@@ -352,12 +426,17 @@ class CollectivesBackend:
             raise _unsupported("scatter", f"takes one output tensor per call, got {len(outputs)}")
         root = opts.rootRank
         pieces = list(input_lists[0]) if self._rank == root else None
+        if self._estimating is not None:
+            return self._estimated("scatter", "scatter", nbytes(outputs[0]) * self._size, outputs)
         work = api.scatter(outputs[0], pieces, None, self._info, True, self._choice("scatter"), group_src=root)
         return self._wrap("scatter", [work], list(outputs))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         _check_tensors("reduce_scatter", outputs)
         red_op = _op("reduce_scatter", opts, outputs)
+        if self._estimating is not None:
+            return self._estimated("reduce_scatter", "reduce_scatter",
+                                   sum(nbytes(o) for o in outputs) * self._size, outputs)
         return self._wrap("reduce_scatter",
                           [api.reduce_scatter(out, list(ins), red_op, self._info, True,
                                               self._choice("reduce_scatter"))
@@ -370,6 +449,8 @@ class CollectivesBackend:
                                         op="reduce_scatter_single_coalesced"):
         _check_tensors(op, list(outputs) + list(inputs))
         red_op = _op(op, opts, outputs)
+        if self._estimating is not None:
+            return self._estimated(op, "reduce_scatter", sum(nbytes(o) for o in outputs) * self._size, outputs)
         return self._wrap(op, [_as_unsupported(op, tensor_api.reduce_scatter_tensor, out, t, red_op, self._info,
                                                True, self._choice("reduce_scatter"))
                                for out, t in zip(outputs, inputs)], list(outputs))
@@ -382,12 +463,16 @@ class CollectivesBackend:
 
     def alltoall(self, outputs, inputs, opts=None):
         _check_tensors("alltoall", list(outputs) + list(inputs))
+        if self._estimating is not None:
+            return self._estimated("alltoall", "all_to_all", sum(nbytes(t) for t in inputs), outputs)
         work = api.all_to_all(list(outputs), list(inputs), self._info, True, self._choice("all_to_all"))
         return self._wrap("alltoall", [work], list(outputs))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None,
                           op="all_to_all_single"):
         _check_tensors(op, [output, input])
+        if self._estimating is not None:
+            return self._estimated(op, "all_to_all", nbytes(input), [output])
         work = _as_unsupported(op, tensor_api.all_to_all_single, output, input, list(output_split_sizes),
                                list(input_split_sizes), self._info, True, self._choice("all_to_all"))
         return self._wrap(op, [work], [output])
@@ -397,6 +482,8 @@ class CollectivesBackend:
                                       op="alltoall_base")
 
     def barrier(self, opts=None):
+        if self._estimating is not None:
+            return self._estimated("barrier", "barrier", 0, [])
         return self._wrap("barrier", [api.barrier(self._info, True, self._choice("barrier"))], [])
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
@@ -433,6 +520,33 @@ class CollectivesBackend:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+def estimate_seconds(collective, size, group_size, tables, algorithm=None):
+    """Predicted seconds of one ``collective`` of ``size`` bytes (the call's total, as the
+    automatic choice reads it) on ``group_size`` ranks, by the cost model.
+
+    ``tables``: the :class:`~collectives.tuning.agreed.Tables` the group agreed on; its
+    measured model (this machine's calibration) is used where there is one, else the shipped
+    one. ``algorithm``: the one the call would run (COLLECTIVES_ALGO's); None takes the
+    automatic choice, as the call would. An algorithm whose cost is not stated (chosen only
+    from measurements) is priced as the best modelled algorithm.
+    """
+    if collective not in ALGORITHMS:
+        raise ValueError(f"collectives backend: time estimate: unknown collective {collective!r}")
+    if group_size <= 1:
+        return 0.0
+    size = max(int(size), 0)
+    params = choice._model(tables.mine or {}, group_size) or choice._model(tables.shipped or {}, group_size)
+    if not params:
+        raise ValueError("collectives backend: time estimate: no fitted model in the group's tuning "
+                         "tables (run python -m benchmarks.tune, or use the shipped table)")
+    algorithm = algorithm or choice.choose(collective, size, group_size, tables)
+    try:
+        return cost_model.predict(collective, algorithm, group_size, size, params)
+    except ValueError:
+        modelled = [a for a in ALGORITHMS[collective] if choice.auto(collective, a) == "model"]
+        return min(cost_model.predict(collective, a, group_size, size, params) for a in modelled)
+
 
 def _as_unsupported(op, fn, *args):
     """Call a tensor-form function; its size/contiguity errors name torch's operation."""
@@ -480,6 +594,25 @@ def _create(dist_backend_opts, backend_options=None):
 
 class _AsProcessGroup(CollectivesBackend, dist.ProcessGroup):
     """Our backend as the whole torch group (a group that is ours on every device)."""
+
+    def _get_backend(self, device):
+        """The group's backend for ``device``: this object, on every device it serves.
+
+        torch's C++ ``ProcessGroup`` keeps a per-device table that a Python group never
+        fills, so its own ``_get_backend`` raises "No backend type associated with device
+        type cpu". Python paths of torch ask it all the same before they send a message
+        (``batch_isend_irecv``, ``_time_estimator``, ``split_group``, ``shrink_group``):
+        they get our methods, by the names they call on a backend.
+        """
+        kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+        if kind not in ("cpu", "cuda"):
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
+
+    def perform_nocolor_split(self, device):
+        """torch asks a group it splits from to take part in the split from non-members too
+        (NCCL's ``ncclCommSplit``). Our child groups are built by torch's creator from the
+        store, so a rank outside the new group has nothing to do."""
 
 
 _AsBackend = type("_AsBackend", (CollectivesBackend, _C10dBackend),
