@@ -13,6 +13,7 @@ from torch.distributed import ReduceOp
 
 import collectives
 from collectives import ALGORITHMS
+from collectives.algorithms import all_to_all_bruck
 
 from .expected import assert_same, builtin_collectives_forbidden, payload, reduce_expected, reduce_input
 from .test_collectives import assert_matrix_passed
@@ -75,8 +76,10 @@ def _cases(rank, group, ranks):
             dist.all_to_all_single(ref, inp, group=group, **kw)
             assert torch.equal(out, ref)
             others = [j for j in range(n) if j != me and send[j]]
-            if algo == "bruck":   # card: ceil(log2 N) messages, pieces forwarded on the way
-                assert t.sent_messages == (n - 1).bit_length()
+            if algo == "bruck":   # card: ceil(log2 N) messages to agree on sizes, as many to forward pieces
+                card = all_to_all_bruck.cost(n, inp.nbytes, inp.element_size())
+                assert t.sent_messages == card.messages == 2 * (n - 1).bit_length()
+                assert t.sent_bytes == card.sent_bytes
                 return
             # card: every other rank's rows, once, in one message each (empty pieces are not sent)
             assert t.sent_messages == len(others) and t.sent_bytes == sum(send[j] * 8 for j in others)
