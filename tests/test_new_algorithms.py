@@ -1,0 +1,36 @@
+"""The newest algorithms' schedules (issue 34): properties of the peers their papers
+prove, checked for every size the simulator tests run (the sums themselves are checked
+on the door by test_collectives.py and in the simulator by test_sim.py, as for every
+registered algorithm)."""
+import pytest
+
+from collectives.algorithms import all_reduce_swing as swing
+
+
+def test_swing_distances_are_the_papers():
+    # rho(k) = sum_{i<=k} (-2)^i (De Sensi et al., NSDI'24, eq. 1)
+    assert [swing.rho(k) for k in range(6)] == [1, -1, 3, -5, 11, -21]
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16, 32, 64, 128])
+def test_swing_peers_pair_up_and_reach_every_rank_exactly_once(p):
+    reached = [{v} for v in range(p)]
+    for k in range(p.bit_length() - 1):
+        peers = [swing.peer(v, k, p) for v in range(p)]
+        assert all(peers[peers[v]] == v and peers[v] != v for v in range(p))
+        # disjoint: no tensor is combined twice into one rank's result
+        assert all(not (reached[v] & reached[peers[v]]) for v in range(p))
+        reached = [reached[v] | reached[peers[v]] for v in range(p)]
+    assert all(r == set(range(p)) for r in reached)
+
+
+@pytest.mark.parametrize("p", [8, 16, 32, 64])
+def test_swing_hops_are_shorter_than_recursive_doublings_on_a_ring(p):
+    # the point of Swing: on a ring (one torus dimension) of p ranks, the step-k peer is
+    # |rho(k)| <= 2^k hops away, while recursive doubling's is 2^k (the last step: p/2)
+    def hops(d):
+        d %= p
+        return min(d, p - d)
+    sw = sum(hops(swing.peer(0, k, p)) for k in range(p.bit_length() - 1))
+    rd = sum(hops(1 << k) for k in range(p.bit_length() - 1))
+    assert sw < rd
