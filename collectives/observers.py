@@ -27,6 +27,7 @@ class Message:
     nbytes: int
     start: float
     end: float = float("nan")
+    link_bytes: object = None    # simulator only: {link class: bytes this message put on it}
 
 
 @dataclass
@@ -56,6 +57,9 @@ class Traffic:
     recv_messages: int = 0
     steps: set = field(default_factory=set)
     rank: object = None
+    # simulated messages only: bytes per link class (``collectives.sim.topology``) that this
+    # rank's sends put on the network, once per link crossed
+    link_bytes: dict = field(default_factory=dict)
 
     @property
     def rounds(self):
@@ -68,6 +72,8 @@ class Traffic:
         if msg.kind == "send":
             self.sent_bytes += msg.nbytes
             self.sent_messages += 1
+            for cls, nbytes in (msg.link_bytes or {}).items():
+                self.link_bytes[cls] = self.link_bytes.get(cls, 0) + nbytes
         else:
             self.recv_bytes += msg.nbytes
             self.recv_messages += 1

@@ -134,6 +134,7 @@ class Result:
     ranks: list = field(repr=False)           # per rank: dict of its counts and finishing time
     outputs: list = field(repr=False)         # per rank: its output tensors (empty for meta)
     wrong: object = None                       # (rank, output, element, got, want) of the first error
+    link_bytes: dict = field(default_factory=dict)   # link class -> bytes it carried, once per link crossed
 
     @property
     def algbw(self):
@@ -157,7 +158,8 @@ class Result:
         return {"collective": self.collective, "algorithm": self.algorithm, "world_size": self.world_size,
                 "bytes": self.bytes, "time_us": self.time * 1e6, "algbw": self.algbw / 1e9,
                 "busbw": self.busbw / 1e9, "max_messages_sent": self.max_messages_sent,
-                "max_bytes_sent": self.max_bytes_sent, "topology": self.topology}
+                "max_bytes_sent": self.max_bytes_sent, "topology": self.topology,
+                "link_bytes": dict(self.link_bytes)}
 
 
 def resolve_algorithm(collective, algorithm):
@@ -241,7 +243,8 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         for x in world.ranks:
             observers.report_call(CallRecord(collective, name, 0, tuple(range(n)), x.id, size, 0.0, x.end_time))
     result = Result(collective, name, n, size, time, spec.get("name", spec["kind"]), ranks,
-                    outputs if device != "meta" else [])
+                    outputs if device != "meta" else [],
+                    link_bytes={cls: b // calls for cls, b in world.link_bytes.items()})
     if check and device != "meta":
         result.wrong = first_wrong(collective, outputs, n, e, root, dtype, red)
     return result

@@ -13,7 +13,32 @@ for each pair of ranks, the route (link ids) and the per-message latency alpha. 
   (``"nic": "node"``: a node's ranks share it) or one per rank (``"nic": "rank"``: rails);
 * ``fat_tree``: ``ranks_per_leaf`` ranks per leaf switch, leaves joined by spines; each
   leaf's uplink carries ``ranks_per_leaf * bandwidth / oversubscription`` per direction
-  (1 = full bisection, 4 = four ranks' worth of traffic per uplink's worth).
+  (1 = full bisection, 4 = four ranks' worth of traffic per uplink's worth);
+* ``torus``: one rank per node of a ``dims`` torus (``[8, 8]``, ``[4, 4, 4]``; their product
+  must be N), each node joined to its two neighbours in every dimension by full-duplex links
+  (wrap-around at the edges) of ``bandwidth`` each way. Routes are dimension-ordered: first
+  along dimension 0 the shorter way round (ties go the + way), then dimension 1, ... A message
+  pays ``alpha`` plus ``hop`` for every link it crosses. ``torus-AxB`` and ``torus-AxBxC`` name
+  such a torus with the preset's figures;
+* ``dragonfly``: ``groups`` groups of ``routers_per_group`` routers, ``ranks_per_router``
+  ranks on each (consecutive ranks fill a router, then a group; at most their product).
+  Each rank has a terminal link to its router (``bandwidth``); the routers of a group are
+  all joined to each other (``local_bandwidth``); every pair of groups is joined by one
+  global link each way (``global_bandwidth``), attached in group i to router
+  ``(j - i - 1) mod groups mod routers_per_group`` for group j. Minimal routes: terminal,
+  local hop to the router that holds the global link, the global link, local hop, terminal;
+* ``rail``: a rail-optimised cluster: ``ranks_per_node`` ranks per node joined inside by
+  ``intra_alpha``/``intra_bandwidth`` (NVLink), and one NIC per rank (``bandwidth``); the NICs
+  of local rank i of every node plug into rail switch i, so ranks of equal local rank talk
+  through one switch; between rails, the rail switches' uplinks to a spine (each carries
+  ``nodes * bandwidth / spine_oversubscription`` each way).
+
+Every link belongs to a *class* (:func:`link_classes`): ``switch`` (flat), ``intra_node`` and
+``inter_node`` (nodes), ``access`` and ``uplink`` (fat tree), ``torus``, ``terminal``,
+``local`` and ``global`` (dragonfly), ``intra_node``, ``rail`` and ``spine`` (rail), ``host``.
+A simulation counts the bytes each class carried (a message's bytes once per link of that
+class it crosses: through a switch that is two, up and down), in ``Result.link_bytes`` and
+``count_traffic().link_bytes``.
 
 Every kind also has ``gamma`` (seconds per reduced byte). Optional figures describe the
 machine the ranks run on; all are 0 (or absent) by default, and the network presets leave
@@ -44,6 +69,7 @@ ends' bandwidth. Every message then crosses one more link, the host.
 Figures are per direction, in bytes/s and seconds. ``source`` says where they come from.
 """
 import bisect
+import re
 import json
 import math
 import os
@@ -78,14 +104,51 @@ PRESETS = {
         "source": "ethernet-100g's figures on a two-level fat tree: 32 ranks per leaf switch, "
                   "uplinks oversubscribed 4:1 (a common cost-saving design).",
     },
+    "torus": {
+        "kind": "torus", "dims": [8, 8],
+        "alpha": 1.0e-6, "hop": 0.1e-6, "bandwidth": 6.8 * GB, "gamma": 0.9e-12,
+        "source": "Fugaku's Tofu interconnect D (Ajima et al., 'The Tofu Interconnect D', IEEE "
+                  "Cluster 2018): 6.8 GB/s per link per direction; alpha 1 us and 0.1 us per hop "
+                  "are our round figures for an MPI message over it (the paper's one-way put "
+                  "latency is about 0.5 us), not measured. gamma as ethernet-100g. dims as given "
+                  "(torus-8x8, torus-4x4x4, ...), 8x8 by default.",
+    },
+    "dragonfly": {
+        "kind": "dragonfly", "groups": 4, "routers_per_group": 8, "ranks_per_router": 4,
+        "alpha": 2.0e-6, "bandwidth": 25 * GB, "local_bandwidth": 25 * GB, "global_bandwidth": 25 * GB,
+        "gamma": 0.9e-12,
+        "source": "HPE Slingshot (LUMI's network, on which the Bine paper measured): 200 Gb/s "
+                  "per port = 25 GB/s per direction for terminal, local and global links "
+                  "(De Sensi et al., 'An In-Depth Analysis of the Slingshot Interconnect', SC'20). "
+                  "4 groups of 8 routers of 4 ranks (128 ranks at most) and one global link per "
+                  "pair of groups are a small instance, not LUMI's size; alpha 2 us is our round "
+                  "figure, not measured.",
+    },
+    "h100-rail": {
+        "kind": "rail", "ranks_per_node": 8, "nodes_per_rail": 32, "spine_oversubscription": 1,
+        "intra_alpha": 1.9e-6, "intra_bandwidth": 450 * GB,
+        "alpha": 4.0e-6, "bandwidth": 50 * GB, "gamma": 0.9e-12,
+        "source": "h100-cluster's figures (DGX H100, NCCL's latencies) wired as NVIDIA's DGX "
+                  "SuperPOD reference architecture: each of a node's 8 ConnectX-7 NICs (400 Gb/s, "
+                  "50 GB/s each way) on its own rail switch, 32 nodes per rail switch, rails "
+                  "joined by a non-blocking spine.",
+    },
 }
 
-KINDS = ("flat", "nodes", "fat_tree")
+KINDS = ("flat", "nodes", "fat_tree", "torus", "dragonfly", "rail")
 FIELDS = {
     "flat": ("alpha", "bandwidth", "gamma"),
     "nodes": ("alpha", "bandwidth", "gamma", "ranks_per_node", "intra_alpha", "intra_bandwidth", "nic"),
     "fat_tree": ("alpha", "bandwidth", "gamma", "ranks_per_leaf", "oversubscription"),
+    "torus": ("alpha", "bandwidth", "gamma", "dims", "hop"),
+    "dragonfly": ("alpha", "bandwidth", "gamma", "groups", "routers_per_group", "ranks_per_router",
+                  "local_bandwidth", "global_bandwidth"),
+    "rail": ("alpha", "bandwidth", "gamma", "ranks_per_node", "nodes_per_rail", "spine_oversubscription",
+             "intra_alpha", "intra_bandwidth"),
 }
+WHOLE = ("ranks_per_node", "ranks_per_leaf", "groups", "routers_per_group", "ranks_per_router", "nodes_per_rail")
+POSITIVE = ("bandwidth", "intra_bandwidth", "oversubscription", "local_bandwidth", "global_bandwidth",
+            "spine_oversubscription")
 CPU = ("wake", "switch", "call", "python", "overhead")      # a rank's CPU time (Fabric's fields)
 MACHINE = CPU + ("copy", "alloc", "host_bandwidth")
 OPTIONAL = ("cores", "by_size", "source", "name", "calibrated") + MACHINE
@@ -117,7 +180,24 @@ def local():
 
 
 def names():
-    return sorted(PRESETS) + ["local"]
+    return sorted(PRESETS) + ["local", "torus-AxB[xC]"]
+
+
+def torus(dims, **figures):
+    """A torus spec of ``dims`` (e.g. ``[8, 8]``: N = 64) with the ``torus`` preset's figures,
+    any of them replaced by ``figures``. ``simulate(..., topology=torus([8, 8]))``."""
+    spec = dict(PRESETS["torus"], dims=list(dims), name="torus-" + "x".join(str(d) for d in dims))
+    spec.update(figures)
+    return spec
+
+
+def dragonfly(groups=4, routers_per_group=8, ranks_per_router=4, **figures):
+    """A dragonfly spec with the ``dragonfly`` preset's figures: ``groups`` groups of
+    ``routers_per_group`` routers of ``ranks_per_router`` ranks (N at most their product)."""
+    spec = dict(PRESETS["dragonfly"], groups=groups, routers_per_group=routers_per_group,
+                ranks_per_router=ranks_per_router, name=f"dragonfly-{groups}")
+    spec.update(figures)
+    return spec
 
 
 def load(name_or_path):
@@ -131,6 +211,8 @@ def load(name_or_path):
         spec = dict(local(), name="local")
     elif name_or_path in PRESETS:
         spec = dict(PRESETS[name_or_path], name=name_or_path)
+    elif isinstance(name_or_path, str) and re.fullmatch(r"torus-\d+(x\d+){0,2}", name_or_path):
+        spec = torus([int(d) for d in name_or_path[len("torus-"):].split("x")])
     elif str(name_or_path).endswith(".json") or os.path.exists(str(name_or_path)):
         try:
             with open(name_or_path) as f:
@@ -163,15 +245,20 @@ def validate(spec):
                 raise ValueError(f"{where}: nic must be 'node' or 'rank', got {spec[field]!r}")
             continue
         value = spec[field]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if field == "dims":
+            if (not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 3
+                    or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in value)):
+                raise ValueError(f"{where}: dims must be 1 to 3 whole numbers >= 1 (e.g. [8, 8]), got {value!r}")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == math.inf:
             raise ValueError(f"{where}: {field} must be a non-negative number, got {value!r}")
-        if field in ("bandwidth", "intra_bandwidth", "oversubscription") and value <= 0:
+        if field in POSITIVE and value <= 0:
             raise ValueError(f"{where}: {field} must be above 0")
-        if field in ("ranks_per_node", "ranks_per_leaf") and (int(value) != value or value < 1):
+        if field in WHOLE and (int(value) != value or value < 1):
             raise ValueError(f"{where}: {field} must be a whole number >= 1")
     for field in MACHINE:
         value = spec.get(field)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
                                   or (field == "host_bandwidth" and value <= 0)):
             raise ValueError(f"{where}: {field} must be a {'positive' if field == 'host_bandwidth' else 'non-negative'} "
                              f"number or null, got {value!r}")
@@ -240,6 +327,8 @@ class Fabric:
         tables = self.spec.get("by_size") or {}
         return any(self.spec.get(field) or tables.get(field) for field in ("copy", "alloc"))
 
+    classes: list = None          # per link id: the name of its class (``link_classes``)
+
     def route(self, src, dst):
         """(link ids, alpha) of a message from ``src`` to ``dst``."""
         s = self.spec
@@ -255,35 +344,147 @@ class Fabric:
             if s["nic"] == "rank":
                 return (2 * n + 2 * src, 2 * n + 2 * dst + 1), s["alpha"]
             return (2 * n + 2 * (src // per), 2 * n + 2 * (dst // per) + 1), s["alpha"]
-        per = s["ranks_per_leaf"]
-        a, b = src // per, dst // per
-        if a == b:
-            return (2 * src, 2 * dst + 1), s["alpha"]
-        return (2 * src, 2 * n + 2 * a, 2 * n + 2 * b + 1, 2 * dst + 1), s["alpha"]
+        if kind == "fat_tree":
+            per = s["ranks_per_leaf"]
+            a, b = src // per, dst // per
+            if a == b:
+                return (2 * src, 2 * dst + 1), s["alpha"]
+            return (2 * src, 2 * n + 2 * a, 2 * n + 2 * b + 1, 2 * dst + 1), s["alpha"]
+        if kind == "torus":
+            links = torus_route(s["dims"], src, dst)
+            return links, s["alpha"] + s["hop"] * len(links)
+        if kind == "dragonfly":
+            return dragonfly_route(s, n, src, dst), s["alpha"]
+        per = s["ranks_per_node"]
+        if src // per == dst // per:
+            return (2 * src, 2 * dst + 1), s["intra_alpha"]
+        i, j = src % per, dst % per
+        unit = per * s["nodes_per_rail"]          # ranks under one set of rail switches
+        a, b = src // unit, dst // unit
+        if i == j and a == b:
+            return (2 * n + 2 * src, 2 * n + 2 * dst + 1), s["alpha"]
+        return (2 * n + 2 * src, 4 * n + 2 * (a * per + i), 4 * n + 2 * (b * per + j) + 1,
+                2 * n + 2 * dst + 1), s["alpha"]
 
     def describe(self):
         return describe(self.spec)
 
 
+def torus_route(dims, src, dst):
+    """Link ids from ``src`` to ``dst`` on a ``dims`` torus, dimension by dimension, each the
+    shorter way round (a tie goes +). Node v's link in dimension d, direction + (0) or - (1),
+    is ``(v * len(dims) + d) * 2 + direction``."""
+    links = []
+    at, stride = src, 1
+    k = len(dims)
+    for d, size in enumerate(dims):
+        a, b = (at // stride) % size, (dst // stride) % size
+        forward = (b - a) % size
+        if forward:
+            plus = forward <= size - forward
+            hops, step = (forward, 1) if plus else (size - forward, -1)
+            for _ in range(hops):
+                links.append((at * k + d) * 2 + (0 if plus else 1))
+                nxt = (at // stride % size + step) % size
+                at += (nxt - at // stride % size) * stride
+        stride *= size
+    return tuple(links)
+
+
+def dragonfly_route(s, n, src, dst):
+    """Minimal route on the dragonfly ``s`` (see the module's description). Links: ranks'
+    terminal links ``2 r`` (up) and ``2 r + 1`` (down); then each group's local links, one per
+    ordered pair of its routers; then the global links, one per ordered pair of groups."""
+    g, a, p = s["groups"], s["routers_per_group"], s["ranks_per_router"]
+    rs, rd = src // p, dst // p                   # routers, numbered across groups
+    gs, gd = rs // a, rd // a
+    local = lambda r1, r2: 2 * n + (r1 // a * a + r1 % a) * a + r2 % a  # noqa: E731
+    links = [2 * src]
+    if gs == gd:
+        if rs != rd:
+            links.append(local(rs, rd))
+    else:
+        out = gs * a + gateway(gs, gd, g, a)      # holds the global link gs -> gd
+        into = gd * a + gateway(gd, gs, g, a)     # its other end
+        if rs != out:
+            links.append(local(rs, out))
+        links.append(2 * n + g * a * a + gs * g + gd)
+        if into != rd:
+            links.append(local(into, rd))
+    links.append(2 * dst + 1)
+    return tuple(links)
+
+
+def gateway(i, j, groups, routers):
+    """The router of group i (0..routers-1) that holds group i's global link to group j."""
+    return (j - i - 1) % groups % routers
+
+
+def link_classes(spec):
+    """The names of ``spec``'s link classes."""
+    return {"flat": ("switch", "host"), "nodes": ("intra_node", "inter_node"), "fat_tree": ("access", "uplink"),
+            "torus": ("torus",), "dragonfly": ("terminal", "local", "global"),
+            "rail": ("intra_node", "rail", "spine")}[spec["kind"]]
+
+
+def size_of(spec):
+    """How many ranks ``spec`` holds (None: any number)."""
+    kind = spec["kind"]
+    if kind == "torus":
+        return math.prod(spec["dims"])
+    if kind == "dragonfly":
+        return spec["groups"] * spec["routers_per_group"] * spec["ranks_per_router"]
+    return None
+
+
 def build(spec, n):
-    """Lay ``spec`` (validated) out for ``n`` ranks."""
+    """Lay ``spec`` (validated) out for ``n`` ranks.
+
+    Raises ValueError where the topology cannot hold ``n`` ranks (a torus of another size, a
+    dragonfly too small)."""
     kind = spec["kind"]
     bw = float(spec["bandwidth"])
+    where = f"topology {spec.get('name', kind)!r}"
+    holds = size_of(spec)
+    if kind == "torus" and holds != n:
+        raise ValueError(f"{where}: a {'x'.join(map(str, spec['dims']))} torus has {holds} nodes, one rank "
+                         f"each, not world_size={n}; give dims whose product is {n} (e.g. torus-{n}x1)")
+    if kind == "dragonfly" and n > holds:
+        raise ValueError(f"{where}: {spec['groups']} groups x {spec['routers_per_group']} routers x "
+                         f"{spec['ranks_per_router']} ranks hold {holds} ranks, not world_size={n}")
     if kind == "flat":
-        capacity = [bw] * (2 * n) + ([float(spec["host_bandwidth"])] if spec.get("host_bandwidth") else [])
+        host = [float(spec["host_bandwidth"])] if spec.get("host_bandwidth") else []
+        capacity = [bw] * (2 * n) + host
+        classes = ["switch"] * (2 * n) + ["host"] * len(host)
     elif kind == "nodes":
         per = spec["ranks_per_node"]
         nics = n if spec["nic"] == "rank" else -(-n // per)
         capacity = [float(spec["intra_bandwidth"])] * (2 * n) + [bw] * (2 * nics)
-    else:
+        classes = ["intra_node"] * (2 * n) + ["inter_node"] * (2 * nics)
+    elif kind == "fat_tree":
         per = spec["ranks_per_leaf"]
         leaves = -(-n // per)
         uplink = per * bw / spec["oversubscription"]
         capacity = [bw] * (2 * n) + [uplink] * (2 * leaves)
+        classes = ["access"] * (2 * n) + ["uplink"] * (2 * leaves)
+    elif kind == "torus":
+        capacity = [bw] * (2 * n * len(spec["dims"]))
+        classes = ["torus"] * len(capacity)
+    elif kind == "dragonfly":
+        g, a = spec["groups"], spec["routers_per_group"]
+        capacity = ([bw] * (2 * n) + [float(spec["local_bandwidth"])] * (g * a * a)
+                    + [float(spec["global_bandwidth"])] * (g * g))
+        classes = ["terminal"] * (2 * n) + ["local"] * (g * a * a) + ["global"] * (g * g)
+    else:
+        per = spec["ranks_per_node"]
+        units = -(-n // (per * spec["nodes_per_rail"]))
+        spine = spec["nodes_per_rail"] * bw / spec["spine_oversubscription"]
+        capacity = [float(spec["intra_bandwidth"])] * (2 * n) + [bw] * (2 * n) + [spine] * (2 * per * units)
+        classes = ["intra_node"] * (2 * n) + ["rail"] * (2 * n) + ["spine"] * (2 * per * units)
     cpu = {field: float(spec.get(field) or 0.0) for field in CPU}
     tables = spec.get("by_size") or {}
     rates = {f"{field}_at": rate_at(tables.get(field), float(spec.get(field) or 0.0)) for field in BY_SIZE}
-    return Fabric(spec, n, capacity, spec.get("cores"), **cpu, **rates)
+    return Fabric(spec, n, capacity, spec.get("cores"), **cpu, **rates, classes=classes)
 
 
 def describe(spec):
@@ -295,6 +496,17 @@ def describe(spec):
                 f"{spec['intra_bandwidth'] / GB:.3g} GB/s inside), NIC per {spec['nic']}: {net}")
     elif kind == "fat_tree":
         text = f"fat tree, {spec['ranks_per_leaf']} ranks per leaf, {spec['oversubscription']}:1 uplinks: {net}"
+    elif kind == "torus":
+        text = (f"{'x'.join(map(str, spec['dims']))} torus, dimension-ordered routes, "
+                f"+{spec['hop'] * 1e6:.3g} us per hop: {net} per link")
+    elif kind == "dragonfly":
+        text = (f"dragonfly, {spec['groups']} groups x {spec['routers_per_group']} routers x "
+                f"{spec['ranks_per_router']} ranks, local links {spec['local_bandwidth'] / GB:.3g} GB/s, "
+                f"global {spec['global_bandwidth'] / GB:.3g} GB/s per pair of groups: {net} per rank")
+    elif kind == "rail":
+        text = (f"rail-optimised, {spec['ranks_per_node']} ranks per node (alpha {spec['intra_alpha'] * 1e6:.3g} us, "
+                f"{spec['intra_bandwidth'] / GB:.3g} GB/s inside), a NIC per rank on rail switch (local rank), "
+                f"{spec['nodes_per_rail']} nodes per rail switch, spine {spec['spine_oversubscription']}:1: {net}")
     else:
         text = f"flat switch: {net}"
     if spec.get("host_bandwidth"):

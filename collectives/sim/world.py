@@ -45,13 +45,14 @@ class SimulationError(RuntimeError):
 class End:
     """One end of a message: a posted send or receive."""
     __slots__ = ("kind", "rank", "peer", "step", "nbytes", "tensor", "posted", "done", "watched",
-                 "collective", "algorithm")
+                 "collective", "algorithm", "links")
 
     def __init__(self, kind, rank, peer, step, nbytes, tensor, posted, collective, algorithm):
         self.kind, self.rank, self.peer, self.step = kind, rank, peer, step
         self.nbytes, self.tensor, self.posted = nbytes, tensor, posted
         self.collective, self.algorithm = collective, algorithm
         self.done = self.watched = False
+        self.links = ()
 
     def key(self):
         src, dst = (self.rank, self.peer) if self.kind == "send" else (self.peer, self.rank)
@@ -88,6 +89,7 @@ class World:
         self._seq = itertools.count()
         self.ranks = [Rank(i) for i in range(self.n)]
         self.network = Network(self, fabric.capacity)
+        self.link_bytes = dict.fromkeys(fabric.classes or (), 0)   # link class -> bytes put on it
         self.unmatched = {}           # (src, dst, step, nbytes) -> [ends], oldest first
         self.send_free = [0.0] * self.n   # when each rank's next message set-up can begin
         self.recv_free = [0.0] * self.n
@@ -274,6 +276,10 @@ class World:
         send, recv = (a, b) if a.kind == "send" else (b, a)
         src, dst = send.rank, recv.rank
         links, alpha = self.fabric.route(src, dst)
+        classes, counts, nbytes = self.fabric.classes, self.link_bytes, send.nbytes
+        for link in links:
+            counts[classes[link]] += nbytes
+        send.links = links
         start = max(self.now, self.send_free[src], self.recv_free[dst])
         self.send_free[src] = self.recv_free[dst] = start + alpha
         heapq.heappush(self.queue, (start + alpha, next(self._seq), self.network.start,
@@ -291,10 +297,13 @@ class World:
         s.steps.add(send.step)
         r.steps.add(recv.step)
         if self.watching:
+            classes, per = self.fabric.classes, {}
+            for link in send.links:
+                per[classes[link]] = per.get(classes[link], 0) + send.nbytes
             for end in (send, recv):
                 src, dst = (end.rank, end.peer) if end.kind == "send" else (end.peer, end.rank)
                 observers.report_message(Message(end.collective, end.algorithm, end.step, end.kind, src, dst,
-                                                 end.nbytes, end.posted, now))
+                                                 end.nbytes, end.posted, now, per))
         send.done = recv.done = True
         send.tensor = recv.tensor = None
         # both ends are done before either rank runs on
