@@ -34,3 +34,10 @@ def test_swing_hops_are_shorter_than_recursive_doublings_on_a_ring(p):
     sw = sum(hops(swing.peer(0, k, p)) for k in range(p.bit_length() - 1))
     rd = sum(hops(1 << k) for k in range(p.bit_length() - 1))
     assert sw < rd
+
+
+def test_paper_claims_benchmark_runs_on_a_small_torus(capsys):
+    from benchmarks import paper_claims
+    paper_claims.main(["--dims", "2x4", "-s", "0,4K"])
+    out = capsys.readouterr().out
+    assert "torus 2x4 (8 ranks)" in out and len(out.splitlines()) == 4
