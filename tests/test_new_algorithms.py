@@ -8,7 +8,7 @@ from collectives.algorithms import all_reduce_swing as swing
 
 
 def test_swing_distances_are_the_papers():
-    # rho(k) = sum_{i<=k} (-2)^i (De Sensi et al., NSDI'24, eq. 1)
+    # rho(k) = sum_{i<=k} (-2)^i (De Sensi et al., NSDI'24)
     assert [swing.rho(k) for k in range(6)] == [1, -1, 3, -5, 11, -21]
 
 

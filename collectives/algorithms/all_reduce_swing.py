@@ -10,7 +10,8 @@ Communication steps: log2(N) for a power of two; log2(P) + 2 otherwise
 Messages each rank sends: log2(N), each S bytes
 Bytes each rank sends: log2(N) * S  (recursive doubling's figures: Swing changes
   who talks to whom, not how much, so that on a torus every step's peer is as
-  close as possible, at distance |rho(k)| <= 2^k * 2/3 instead of 2^k)
+  close as possible: |rho(k)| = (2^(k+1) +- 1)/3 hops, about
+  two thirds of recursive doubling's 2^k)
 
 Steps:
   1. Fold (only if N is not a power of two): each of the first N-P even ranks
@@ -18,7 +19,8 @@ Steps:
   2. For k = 0, 1, ..., log2(P)-1: with rho(k) = sum_{i<=k} (-2)^i
      = 1, -1, 3, -5, 11, ..., virtual rank v exchanges the whole tensor with
      ``v + rho(k)`` if v is even, ``v - rho(k)`` if odd (mod P), and combines.
-     The peers' reached sets never overlap (the paper's Lemma), so after
+     The peers' reached sets never overlap (the paper proves it; the tests
+     check it for P <= 128), so after
      log2(P) steps every rank has combined every tensor exactly once.
   3. Unfold: each odd rank sends the result back to its even neighbour.
 
@@ -29,15 +31,13 @@ Worked example, N=4, SUM, rank r starts with x_r:
     0  |  1  | 0-1, 2-3  | r0, r1: x0+x1      r2, r3: x2+x3
     1  | -1  | 1-2, 3-0  | all: (x0+x1) + (x2+x3)
 
-Non-powers of two: the paper (section 4.3) runs Swing on N directly with one
-extra step; this module uses the standard fold instead, which costs two extra
-steps of S bytes on 2(N-P) ranks.
+Non-powers of two: the paper handles them without a fold; this module uses the
+standard fold instead, which costs two extra steps of S bytes on 2(N-P) ranks.
 
 Extra memory: S (the partner's whole tensor, as in recursive doubling).
 
 Reference: De Sensi, Bonato, Saam and Hoefler, "Swing: Short-cutting Rings for
-Higher Bandwidth Allreduce", NSDI 2024 (arXiv 2401.09356); peers as in the
-authors' code, github.com/HLC-Lab/swing-allreduce.
+Higher Bandwidth Allreduce", NSDI 2024 (arXiv 2401.09356).
 """
 from ._cost import NOTHING, Tally
 from ._util import fold, fold_in, fold_out, real_rank, tally_fold_in, tally_fold_out, virtual_rank
