@@ -3,8 +3,10 @@ prove, checked for every size the simulator tests run (the sums themselves are c
 on the door by test_collectives.py and in the simulator by test_sim.py, as for every
 registered algorithm)."""
 import pytest
+import torch
 
 from collectives.algorithms import all_reduce_swing as swing
+from collectives.sim import simulate
 
 
 def test_swing_distances_are_the_papers():
@@ -41,3 +43,28 @@ def test_paper_claims_benchmark_runs_on_a_small_torus(capsys):
     paper_claims.main(["--dims", "2x4", "-s", "0,4K"])
     out = capsys.readouterr().out
     assert "torus 2x4 (8 ranks)" in out and len(out.splitlines()) == 4
+
+
+def random_inputs(algorithm):
+    """``algorithm`` called on random float32 data (seeded by rank) instead of the
+    simulator's small integers, whose sums are exact in any order."""
+    def call(comm, tensor, op):
+        g = torch.Generator().manual_seed(1000 + comm.rank)
+        tensor.copy_(torch.randn(tensor.shape, generator=g, dtype=tensor.dtype) * 10 ** (comm.rank % 7))
+        algorithm(comm, tensor, op)
+    return call
+
+
+@pytest.mark.parametrize("n", [8, 12, 16])
+@pytest.mark.parametrize("elements", [1, 7, 1000])
+def test_swing_float_sum_is_bitwise_equal_on_every_rank(n, elements):
+    # the simulator runs the unchanged algorithm on real tensors; the magnitudes differ
+    # by rank (10^0 .. 10^6) so that any two orders of summation round differently
+    r = simulate("all_reduce", random_inputs(swing.all_reduce), n, 4 * elements, device="cpu", check=False)
+    first = r.outputs[0][0]
+    for rank, (out,) in enumerate(r.outputs):
+        assert torch.equal(out, first), f"rank {rank} differs from rank 0"
+    want = sum(torch.randn(elements, generator=torch.Generator().manual_seed(1000 + q)) * 10 ** (q % 7)
+               for q in range(n))
+    # float32 rounding of terms up to 10^6: absolute error about n * 10^6 * 2^-24
+    torch.testing.assert_close(first, want, rtol=1e-5, atol=n)
