@@ -68,3 +68,13 @@ def test_swing_float_sum_is_bitwise_equal_on_every_rank(n, elements):
                for q in range(n))
     # float32 rounding of terms up to 10^6: absolute error about n * 10^6 * 2^-24
     torch.testing.assert_close(first, want, rtol=1e-5, atol=n)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16, 32, 64, 128, 256])
+def test_swing_reached_sets_are_contiguous_runs_in_slot_order(p):
+    # the bandwidth variant sends one slice per step only because every R(v, k) is a run
+    assert sorted(swing.slots(p)) == list(range(p))
+    for k in range(p.bit_length()):
+        for v in range(p):
+            lo, hi = swing.run(v, k, p)
+            assert hi - lo == len(swing.reached(v, k, p)) == p >> k
