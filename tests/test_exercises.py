@@ -136,6 +136,18 @@ WRONG_CASES += [   # chapter 20 (tutorials/exercises/_checks_parallel_b.py; the 
 ]
 
 
+WRONG_CASES += [   # issue 33: every route into the library is switched off, or its traffic is missed
+    ("sim_all_reduce", "sim_all_reduce_library", (2,), "builtin",
+     ["it calls collectives.algorithms.all_reduce_ring.all_reduce",
+      "line 6 of sim_all_reduce_library.py: return all_reduce_ring.all_reduce(comm, tensor, op)"]),
+    ("ring_attention", "ring_attention_library", (2,), "builtin",
+     ["it calls collectives.parallel.ring_attention.ring_attention",
+      "line 6 of ring_attention_library.py"]),
+    ("all_reduce", "all_reduce_process_group", (2,), "traffic",
+     ["each rank sent 0 bytes", "no message was counted"]),
+]
+
+
 README_EXAMPLES = {"all_reduce_whole_tensor_ring", "send_recv_ring_deadlock"}   # verdicts shown in the README
 
 
@@ -317,3 +329,25 @@ def test_the_librarys_own_modules_are_switched_off_too(tmp_path):
                       "    api.all_reduce(tensor, group=group)\n")
     verdict = grade("all_reduce", str(sneaky), quick=True, world_sizes=(2,), hang_seconds=10)
     assert not verdict.passed and verdict.reason == "builtin", verdict.text
+
+
+@pytest.mark.parametrize("route,body", [
+    ("collectives.p2p_api.isend",
+     "from collectives import p2p_api\n\n\ndef send_recv_ring(tensor, group=None):\n"
+     "    r, n = dist.get_rank(), dist.get_world_size()\n"
+     "    p2p_api.isend(tensor.clone(), (r + 1) % n).wait()\n"),
+    ("collectives.p2p_communications.Comm.__init__",
+     "from collectives.p2p_communications import Comm\n\n\ndef send_recv_ring(tensor, group=None):\n"
+     "    Comm(group)\n"),
+    ("collectives.call.nbytes",
+     "import collectives.call\n\n\ndef send_recv_ring(tensor, group=None):\n"
+     "    collectives.call.nbytes(tensor)\n"),
+], ids=["p2p_api", "door", "call"])
+def test_every_route_into_the_library_is_switched_off(tmp_path, route, body):
+    """p2p_api, the door and the call path are the library's working code too: a call from the
+    solution fails as a built-in does, naming the route and the solution's line."""
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text("import torch.distributed as dist\n" + body)
+    verdict = grade("send_recv_ring", str(sneaky), quick=True, world_sizes=(2,), hang_seconds=10)
+    assert not verdict.passed and verdict.reason == "builtin", verdict.text
+    assert f"it calls {route} (line " in verdict.text and "of sneaky.py" in verdict.text, verdict.text

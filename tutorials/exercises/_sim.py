@@ -14,8 +14,11 @@ modules (a door, a flat tensor, a reduction), runs in ``collectives.sim``:
 """
 import importlib
 import importlib.util
+import os
 import traceback
 from pathlib import Path
+
+from tutorials.exercises import _routes
 
 FULL_WORLDS = (1, 2, 3, 4, 5, 8, 13, 33)
 QUICK_WORLDS = (1, 2, 3, 5)
@@ -43,14 +46,32 @@ class SimAllReduce:
 
     def grade(self, name, source, shown, quick=False, world_sizes=None):
         """(passed, reason, text)."""
+        # the library's own algorithms are a free route to the right schedule: off while fn runs,
+        # and before it loads, so that `from ... import all_reduce` gets the switched-off one
+        restore = _routes.switch_off(source)
+        try:
+            try:
+                fn = load(name, source)
+            except Exception:
+                return False, "load_error", (f"FAIL {name}: {shown} does not load:\n"
+                                             f"{traceback.format_exc(limit=-1)}")
+            return self._grade(name, fn, shown, quick, world_sizes)
+        except _routes.BuiltinUsed as exc:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                      if os.path.abspath(f.filename) == _routes.source_file(source)]
+            line = f"line {frames[-1].lineno} of {os.path.basename(frames[-1].filename)}: " \
+                   f"{(frames[-1].line or '').strip()}" if frames else "in your code"
+            return False, "builtin", (f"FAIL {name}: it calls {exc.name} ({line}). The library's own "
+                                      f"algorithms are switched off while grading: build the schedule "
+                                      f"from comm.sendrecv, comm.send and comm.recv. See {self.chapter}.")
+        finally:
+            restore()
+
+    def _grade(self, name, fn, shown, quick, world_sizes):
         from collectives import sim
         from collectives.sim.collective import busbw_factor
         from collectives.tuning import cost_model
 
-        try:
-            fn = load(name, source)
-        except Exception:
-            return False, "load_error", f"FAIL {name}: {shown} does not load:\n{traceback.format_exc(limit=-1)}"
         worlds = world_sizes or (QUICK_WORLDS if quick else FULL_WORLDS)
         cases = 0
         for n in worlds:
@@ -62,6 +83,8 @@ class SimAllReduce:
                     return False, "deadlock", f"FAIL {name}: deadlock with {where}.\n{exc}\nSee {self.chapter}."
                 except sim.SimulationError as exc:
                     cause = exc.__cause__
+                    if isinstance(cause, _routes.BuiltinUsed):
+                        raise cause
                     if isinstance(cause, NotImplementedError):
                         return False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises "
                                                       f"NotImplementedError. Write its body (the docstring "
@@ -79,6 +102,8 @@ class SimAllReduce:
         except sim.Deadlock as exc:
             return False, "deadlock", f"FAIL {name}: deadlock at {n} ranks, 64 MiB.\n{exc}\nSee {self.chapter}."
         except sim.SimulationError as exc:
+            if isinstance(exc.__cause__, _routes.BuiltinUsed):
+                raise exc.__cause__
             return False, "crash", f"FAIL {name}: {exc} at {n} ranks, 64 MiB (meta tensors: sizes only)."
         spec = sim.load_topology(TOPOLOGY)
         ring = cost_model.predict("all_reduce", "ring", n, SCALE_BYTES,

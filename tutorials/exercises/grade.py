@@ -537,6 +537,15 @@ def _traffic_problem(name, check, case, n, reports):
     worst_recv = max(c[3] for c in counts.values())
     summary = (f"with {n} ranks and {_case_words(check, case, n)}: each rank sent at most {worst_bytes} "
                f"bytes in {worst_msgs} message{'s' if worst_msgs != 1 else ''}; {need.algorithm} needs {need.ideal}")
+    floor = need.min_bytes if need.min_bytes is not None else (1 if need.sent_bytes else 0)
+    if n > 1 and sum(c[0] for c in counts.values()) < floor:
+        # Data had to cross between ranks, yet (almost) none went through the counted calls: the
+        # result came by a route the grader neither switched off nor counted (a process group's
+        # own methods, a library it does not know). Such a run can never pass.
+        return (f"FAIL {name}: correct, but with {n} ranks and {_case_words(check, case, n)} each rank sent "
+                f"{worst_bytes} bytes: no message was counted where {need.algorithm} sends {need.ideal}. "
+                f"The data crossed by a route the grader cannot see; build {name} from dist.send, "
+                f"dist.recv, dist.isend, dist.irecv or dist.batch_isend_irecv: see {need.chapter}."), summary
     if need.sent_bytes is not None and worst_bytes > need.sent_bytes:
         r = max(counts, key=lambda q: counts[q][0])
         return (f"FAIL {name}: correct, but sends {worst_bytes} bytes (rank {r}) where {need.algorithm} "
