@@ -147,6 +147,8 @@ WRONG_CASES += [   # issue 33: every route into the library is switched off, or 
      ["each rank sent 0 bytes", "no message was counted"]),
     ("ring_attention", "ring_attention_scales_q", (2,), "changed_input",   # inputs compared in every exercise
      ["correct output, but it changes its input", "q held"]),
+    ("ring_attention", "ring_attention_no_max", (2,), "wrong",      # cases that tell right from nearly right
+     ["wrong result", "so the scores reach the thousands", "nan"]),
 ]
 
 
