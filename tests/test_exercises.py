@@ -314,7 +314,7 @@ def test_numeric_exercises_pass_within_tolerance_and_show_the_first_step(capsys)
 def test_numeric_answers_are_the_library_s_own_figures():
     from collectives.tuning import cost_model
     from tutorials.exercises._numeric import NUMERIC, PARAMS
-    assert NUMERIC["alpha_beta_ring"].solve()[0] == cost_model.predict("all_reduce", "ring", 8, 64 << 20, PARAMS) * 1e3
+    assert NUMERIC["alpha_beta_ring"].solve()[0] == cost_model.predict("all_reduce", "ring", 64, 4 << 20, PARAMS) * 1e3
     assert NUMERIC["adam_memory"].solve()[0] == 120.0             # 16 bytes x 7.5e9 (the ZeRO paper's example)
     assert round(NUMERIC["zero2_memory"].solve()[0], 2) == 16.64   # 2 Psi + 14 Psi / 64
 
@@ -357,3 +357,25 @@ def test_every_route_into_the_library_is_switched_off(tmp_path, route, body):
     verdict = grade("send_recv_ring", str(sneaky), quick=True, world_sizes=(2,), hang_seconds=10)
     assert not verdict.passed and verdict.reason == "builtin", verdict.text
     assert f"it calls {route} (line " in verdict.text and "of sneaky.py" in verdict.text, verdict.text
+
+
+def test_alpha_beta_ring_tells_a_model_without_alpha(capsys):
+    """Chapter 13's figures are chosen so that the latency term matters: dropping alpha moves the
+    answer well past the 2% tolerance (on 64 MiB over 8 ranks it was 0.6% of the answer)."""
+    from tutorials.exercises._numeric import ALPHA_BETA_RING, NUMERIC, PARAMS, cost
+    right = NUMERIC["alpha_beta_ring"].solve()[0]
+    c = cost("all_reduce", "ring", *ALPHA_BETA_RING)
+    no_alpha = (PARAMS["beta"] * max(c.critical_bytes, c.sent_bytes, c.recv_bytes)
+                + PARAMS["gamma"] * c.reduced_bytes) * 1e3
+    assert abs(no_alpha - right) / right > 5 * NUMERIC["alpha_beta_ring"].tolerance
+    assert not grade("alpha_beta_ring", no_alpha).passed and grade("alpha_beta_ring", right).passed
+
+
+def test_a_deadlock_stops_the_grading_at_the_first_deadlocked_world():
+    """A deadlock costs hang_seconds per world: the verdict comes after the first, and still says
+    which worlds passed before it and which were not run (issue 33: 81 s over five worlds before)."""
+    verdict = grade("all_reduce", str(WRONG / "all_reduce_deadlock.py"), world_sizes=(1, 2, 3, 4),
+                    quick=True, hang_seconds=3)
+    assert verdict.reason == "deadlock", verdict.text
+    assert "Passed on worlds of 1 rank; failed on 2 (deadlock)." in verdict.text, verdict.text
+    assert "Not run: 3, 4 (stopped at the first deadlock" in verdict.text, verdict.text
