@@ -33,7 +33,7 @@ What is checked (exit status 0 only on a pass):
 
 Every world size is graded, also after one fails (except for mistakes that are the
 same on every world: a built-in called, a stub not written, a file that does not
-load). The verdict is the first failure of results, bits, inputs, deadlock or crash
+load; and a deadlock, which costs ``hang_seconds`` a world: grading stops at the first). The verdict is the first failure of results, bits, inputs, deadlock or crash
 over all worlds, else the first of traffic, state or receive sizes (the results were
 right), and ends with the world sizes that passed and those that failed: "passed on
 2, 4; failed on 3 (deadlock)" is the clue to a mistake that depends on N.
@@ -651,7 +651,8 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
             if failed is not None:
                 hard = failed if hard is None else hard
                 outcomes[n] = failed.reason
-                if failed.reason in SAME_ON_EVERY_WORLD:
+                if failed.reason in SAME_ON_EVERY_WORLD or failed.reason == "deadlock":
+                    # a deadlock costs hang_seconds a world: the first one is the verdict (within 20 s)
                     break
             elif late is not None:
                 soft = Verdict(name, False, *late) if soft is None else soft
@@ -663,7 +664,9 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
             verdict.text += "\n" + _worlds_line(outcomes)
             skipped = [str(n) for n in sizes if n not in outcomes]
             if skipped:
-                verdict.text += f" Not run: {', '.join(skipped)} (this mistake is the same on every world)."
+                why = ("stopped at the first deadlock: fix it, then grade again" if verdict.reason == "deadlock"
+                       else "this mistake is the same on every world")
+                verdict.text += f" Not run: {', '.join(skipped)} ({why})."
         if verdict is None:
             text = (f"PASS {name}: correct in all {counted} cases on worlds of "
                     f"{', '.join(map(str, sizes))} ranks.")
