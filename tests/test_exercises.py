@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tutorials.exercises import EXERCISES
-from tutorials.exercises.grade import HERE, _cycle_lines, _worlds_line, grade, resolve
+from tutorials.exercises.grade import HERE, _cycle_lines, _worlds_line, grade, main, resolve
 
 SOLUTIONS = HERE / "solutions"
 WRONG = HERE / "wrong"
@@ -379,3 +379,21 @@ def test_a_deadlock_stops_the_grading_at_the_first_deadlocked_world():
     assert verdict.reason == "deadlock", verdict.text
     assert "Passed on worlds of 1 rank; failed on 2 (deadlock)." in verdict.text, verdict.text
     assert "Not run: 3, 4 (stopped at the first deadlock" in verdict.text, verdict.text
+
+
+def test_html_draws_the_learners_run_beside_the_reference(tmp_path):
+    """--html FILE: the deadlocking schedule's page holds its cycle; the right one's holds none."""
+    page = tmp_path / "mine.html"
+    code = main(["sim_all_reduce", "--solution", str(WRONG / "sim_all_reduce_blocking.py"), "--quick",
+                 "--html", str(page)])
+    assert code == 1 and page.exists() and "reference" in page.read_text()
+    from collectives import viz
+    from tutorials.exercises import _sim
+    _, data = viz.side_by_side("all_reduce", _sim.load("sim_all_reduce", str(WRONG / "sim_all_reduce_blocking.py")),
+                               4, tmp_path / "again.html")
+    assert data.get("failure")
+    _, data = viz.side_by_side("all_reduce", _sim.load("sim_all_reduce", str(SOLUTIONS / "sim_all_reduce.py")),
+                               4, tmp_path / "right.html")
+    assert not data.get("failure") and not data.get("wrong")
+    with pytest.raises(SystemExit):
+        main(["all_reduce", "--html", str(tmp_path / "x.html")])

@@ -683,6 +683,27 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
     return verdict
 
 
+# exercises whose function has the algorithm modules' signature (comm, tensor, op): their run can be drawn
+HTML_COLLECTIVE = {"sim_all_reduce": "all_reduce"}
+
+
+def draw(name, solution, path, world_size=4):
+    """Draw the learner's run beside the reference's (``collectives.viz.side_by_side``) in ``path``;
+    return what to print: where the page is, and what it shows went wrong."""
+    from collectives import viz
+    from tutorials.exercises import _sim
+
+    source, shown, tmp = resolve(name, solution)
+    fn = _sim.load(name, source)
+    written, data = viz.side_by_side(HTML_COLLECTIVE[name], fn, world_size, path)
+    lines = [f"Drawn: {written} ({shown} on {world_size} ranks, beside the reference)."]
+    if data.get("failure"):
+        lines.append(f"  The page shows the deadlock: {data['failure']}")
+    if data.get("wrong"):
+        lines.append(f"  The page marks the first wrong chunk: {data['wrong']}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Grade an exercise of tutorials/exercises/.")
     parser.add_argument("name", choices=[*_checks.CHECKS, *_numeric.NUMERIC],
@@ -694,7 +715,14 @@ def main(argv=None):
                         help=f"seconds without progress before a deadlock is declared (default {HANG_SECONDS:g})")
     parser.add_argument("--worlds", type=lambda text: tuple(int(n) for n in text.split(",")), default=None,
                         help="comma-separated world sizes to run instead (e.g. 2,3)")
+    parser.add_argument("--html", metavar="FILE", default=None,
+                        help="also draw your run beside the reference's in FILE (collectives.viz.side_by_side; "
+                             "for exercises written against the door: " + ", ".join(HTML_COLLECTIVE) + ")")
+    parser.add_argument("--html-ranks", type=int, default=4, help="ranks in the drawing")
     args = parser.parse_args(argv)
+    if args.html and args.name not in HTML_COLLECTIVE:
+        parser.error(f"--html draws exercises written against the door ({', '.join(HTML_COLLECTIVE)}); "
+                     f"{args.name} runs in worlds of processes")
     if args.name in _numeric.NUMERIC:
         if args.answer is None:
             print(f"{args.name}: {_numeric.NUMERIC[args.name].question}\nAnswer with --answer NUMBER.")
@@ -702,6 +730,8 @@ def main(argv=None):
         return 0 if grade(args.name, args.answer).passed else 1
     verdict = grade(args.name, args.solution, quick=args.quick, hang_seconds=args.hang_seconds,
                     world_sizes=args.worlds)
+    if args.html:
+        print(draw(args.name, args.solution, args.html, args.html_ranks))
     return 0 if verdict.passed else 1
 
 
