@@ -563,7 +563,7 @@ def lab_summary(rows, spec, big=16 << 20):
 # ---------------------------------------------------------------- main
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m benchmarks.sweep", 
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sweep",
                                 description=__doc__.split("\n")[0].replace("``", ""),
                                 formatter_class=common.HelpFormatter)
     common.add_size_flags(p, b="4K", e="16M", f=4)

@@ -141,7 +141,7 @@ def _worker(args, rank, n, device):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m benchmarks.tune", 
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tune",
                                 description=__doc__.split("\n")[0].replace("``", ""),
                                 formatter_class=common.HelpFormatter)
     common.add_size_flags(p, b="4K", e="64M", f=4)
