@@ -190,8 +190,8 @@ class Result:
 
 
 MAX_BYTES = 1 << 50
-# Measured (tracemalloc plus the tensor's own C++ object) for one meta tensor or view of it
-# and its bookkeeping: the unit of the records that grow as N^2.
+# Bytes assumed for one meta tensor or view of it and its bookkeeping, the unit of the records
+# that grow as N^2: an estimate (a Python tensor object plus its C++ TensorImpl), NOT measured.
 TENSOR_RECORD = 700
 
 
@@ -227,9 +227,10 @@ def refuse_beyond_memory(collective, n, size, device, memory=None):
     why = (f"device='cpu' holds every rank's real tensors ({n} x {size} bytes, 3 times over)"
            if device == "cpu" and 3 * n * size > need // 2 else
            f"{collective} on {n} ranks keeps about {n}^2 tensor records")
+    hint = "device='meta', " if device == "cpu" else ""
     raise ValueError(f"collectives.sim: {why}: about {need / 1e9:.1f} GB, more than the {limit / 1e9:.1f} GB "
-                     f"allowed (memory=, or COLLECTIVES_SIM_MEMORY in bytes); use device='meta', fewer "
-                     f"ranks or fewer bytes")
+                     f"allowed (memory=, or COLLECTIVES_SIM_MEMORY in bytes); use "
+                     f"{hint}fewer ranks or fewer bytes")
 
 
 def resolve_algorithm(collective, algorithm):
