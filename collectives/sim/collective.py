@@ -208,12 +208,6 @@ def memory_estimate(collective, n, size, device):
 def memory_limit(memory=None):
     if memory is not None:
         return int(memory)
-    env = os.environ.get("COLLECTIVES_SIM_MEMORY")
-    if env:
-        try:
-            return int(float(env))
-        except ValueError:
-            raise ValueError(f"COLLECTIVES_SIM_MEMORY must be a number of bytes, got {env!r}") from None
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     except (ValueError, OSError, AttributeError):
@@ -229,7 +223,7 @@ def refuse_beyond_memory(collective, n, size, device, memory=None):
            f"{collective} on {n} ranks keeps about {n}^2 tensor records")
     hint = "device='meta', " if device == "cpu" else ""
     raise ValueError(f"collectives.sim: {why}: about {need / 1e9:.1f} GB, more than the {limit / 1e9:.1f} GB "
-                     f"allowed (memory=, or COLLECTIVES_SIM_MEMORY in bytes); use "
+                     f"allowed (memory=, in bytes); use "
                      f"{hint}fewer ranks or fewer bytes")
 
 
@@ -258,8 +252,7 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         root: the root of broadcast, reduce, gather and scatter.
         device: ``"meta"`` (sizes only: time and traffic) or ``"cpu"`` (real data, exact results).
         check: compare every rank's output with the closed form (default: when ``device="cpu"``).
-        memory: bytes the simulation may take (default ``COLLECTIVES_SIM_MEMORY``, else half
-            this machine's memory); a call whose estimate is larger is refused before any rank
+        memory: bytes the simulation may take (default half this machine's memory); a call whose estimate is larger is refused before any rank
             runs, with the estimate (see :func:`memory_estimate`).
         calls: how many calls each rank makes back to back, as a benchmark that times a batch
             of calls does (the next call's messages meet the slower ranks' last ones); each
