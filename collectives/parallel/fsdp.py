@@ -144,9 +144,9 @@ class FullyShardedDataParallel(nn.Module):
         return self.full[i]
 
     def _wait(self, work):
-        t = time.perf_counter()
+        t = time.time()
         work.wait()
-        self.waits.append((t, time.perf_counter()))
+        self.waits.append((t, time.time()))
 
     def _finish_reduce_scatters(self):
         """End of backward: wait for every layer's reduce-scatter and hand the pieces to autograd's

@@ -169,7 +169,7 @@ class _GatherLinear(torch.autograd.Function):
 def _check_overlap(overlap, sequence_parallel):
     if not isinstance(overlap, int) or overlap < 0:
         raise ValueError(f"tensor parallel: overlap={overlap!r} must be a chunk count >= 0")
-    if overlap > 1 and sequence_parallel is not True:
+    if overlap and sequence_parallel is not True:
         raise ValueError(f"tensor parallel: overlap={overlap} needs sequence_parallel=True (it chunks the "
                          f"all_gather and reduce_scatter), not {sequence_parallel!r}")
     return overlap
@@ -186,9 +186,9 @@ def _timed_wait(work, waits):
     if waits is None:
         work.wait()
         return
-    t = time.perf_counter()
+    t = time.time()
     work.wait()
-    waits.append((t, time.perf_counter()))
+    waits.append((t, time.time()))
 
 
 def gather_linear_overlapped(x, weight, bias, group, chunks, waits=None):
@@ -292,8 +292,9 @@ class ColumnParallelLinear(nn.Module):
             again there (activation memory /N; one all_gather more per step).
         overlap (int): With ``sequence_parallel=True``, cut the all_gather (and backward's
             reduce_scatter) into this many chunks along each shard's positions, chunk k+1's
-            messages moving while chunk k is multiplied; 0 (the default) or 1: no chunks.
-            The same bytes; one message per chunk more per ring step.
+            messages moving while chunk k is multiplied; 0 (the default): the plain path;
+            1: one chunk, waited for at once (no overlap, but its waits recorded, see
+            :func:`exposed_waits`). The same bytes; one message per chunk more per ring step.
 
     Example::
 
@@ -327,7 +328,7 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
-        if self.overlap > 1:
+        if self.overlap:
             return _GatherLinearOverlap.apply(x, self.weight, self.bias, self.group, self.overlap, self.waits)
         if self.sequence_parallel == "regather":
             return _GatherLinear.apply(x, self.weight, self.bias, self.group)
@@ -348,7 +349,7 @@ class RowParallelLinear(nn.Module):
             the bias then needs :func:`reduce_replicated_grads`.
         overlap (int): With ``sequence_parallel=True``, cut the product and its reduce_scatter
             (backward: the all_gather and the product) into this many chunks, one chunk's
-            messages moving while the next is multiplied; 0 or 1: no chunks.
+            messages moving while the next is multiplied; 0: the plain path, 1: one chunk.
     """
 
     def __init__(self, in_features, out_features, bias=True, group=None, sequence_parallel=False, dtype=None,
@@ -380,7 +381,7 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
-        if self.overlap > 1:
+        if self.overlap:
             y = _LinearScatterOverlap.apply(x, self.weight, self.group, self.overlap, self.waits)
             return y if self.bias is None else y + self.bias
         partial = F.linear(x, self.weight)
