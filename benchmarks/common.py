@@ -456,3 +456,15 @@ def write_rows(out_dir, name, rows, meta=None):
 def fmt(x, spec):
     """``format(x, spec)``, or '-' for None."""
     return "-" if x is None else format(x, spec)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults formatter, but each default said once and no reST markup: an option
+    whose help already states its default ("(default 4K)", in the units a user types) is left as
+    written, a flag's False and an unset None are not shown, and ``backticks`` are dropped."""
+
+    def _get_help_string(self, action):
+        text = (action.help or "").replace("``", "").replace("`", "")
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"

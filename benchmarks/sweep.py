@@ -565,8 +565,9 @@ def lab_summary(rows, spec, big=16 << 20):
 # ---------------------------------------------------------------- main
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m benchmarks.sweep", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sweep",
+                                description=__doc__.split("\n")[0].replace("``", ""),
+                                formatter_class=common.HelpFormatter)
     common.add_size_flags(p, b="4K", e="16M", f=4)
     common.add_timing_flags(p, n=20, w=2)
     common.add_data_flags(p)

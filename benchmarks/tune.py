@@ -141,8 +141,9 @@ def _worker(args, rank, n, device):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m benchmarks.tune", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tune",
+                                description=__doc__.split("\n")[0].replace("``", ""),
+                                formatter_class=common.HelpFormatter)
     common.add_size_flags(p, b="4K", e="64M", f=4)
     common.add_timing_flags(p, n=5, w=1)
     p.add_argument("--collective", default=",".join(sweep.DEFAULT_COLLECTIVES),

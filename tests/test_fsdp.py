@@ -161,3 +161,44 @@ def test_fsdp_never_moves_frozen_parameters():
             assert r["frozen_same"] == [True, True, True], (rank, n, r["frozen_same"])
             assert r["trained"] == [(0, "bias"), (4, "weight"), (4, "bias")], (rank, n, r["trained"])
             assert r["diff"] < 1e-12, (rank, n, r["diff"])
+
+
+def _shards_after(rank, n, group, overlap, backwards):
+    """This rank's pieces after STEPS steps of ``backwards`` accumulated backward passes each."""
+    model = FullyShardedDataParallel([m.double() for m in layers()], group=group,
+                                     overlap_reduce_scatter=overlap)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    with collectives.count_traffic() as counted:
+        for step in range(STEPS):
+            opt.zero_grad()
+            x, t = batch(rank, step)
+            for _ in range(backwards):
+                loss_fn(model(x), t).backward()
+            assert all(s.grad is not None for s in model.shards), "a gradient not ready when backward returned"
+            opt.step()
+    return [s.detach().clone() for s in model.shards], counted.sent_bytes, len(model.waits)
+
+
+def _overlap_worlds(rank, world_size):
+    out = {}
+    for n in (1, 2, 3, 4):
+        group = dist.new_group(list(range(n)))
+        if rank < n:
+            for backwards in (1, 2):
+                plain, plain_bytes, _ = _shards_after(rank, n, group, False, backwards)
+                over, over_bytes, waits = _shards_after(rank, n, group, True, backwards)
+                out[n, backwards] = (all(torch.equal(a, b) for a, b in zip(plain, over)), plain_bytes, over_bytes,
+                                     waits)
+        collectives.barrier()
+    return out
+
+
+def test_reduce_scatter_overlapped_with_backward_gives_the_same_bits():
+    for rank, out in enumerate(run_world(_overlap_worlds, 4)):
+        assert sorted(out) == [(n, b) for n in range(rank + 1, 5) for b in (1, 2)]
+        for (n, backwards), (same, plain_bytes, over_bytes, waits) in out.items():
+            where = f"rank {rank}, N={n}, {backwards} backward(s) a step"
+            assert same, f"{where}: overlapped reduce-scatters changed the parameters"
+            assert over_bytes == plain_bytes, where
+            # every unit (3) waits for its gather forward, again backward, and for its reduce-scatter
+            assert waits == STEPS * backwards * 3 * 3, where

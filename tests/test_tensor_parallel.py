@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import collectives
-from collectives.parallel.tensor_parallel import (Block, ColumnParallelLinear, ParallelBlock,
+from collectives.parallel.tensor_parallel import (Block, ColumnParallelLinear, ParallelBlock, exposed_waits,
                                                   reduce_replicated_grads)
 from tests.worlds import run_world
 
@@ -139,3 +139,64 @@ def test_sizes_that_do_not_split_are_refused_before_any_message():
         assert "out_features=3 is not divisible by the group size 2" in errors[0]
         assert "heads=3 must be divisible by the group size 2" in errors[1]
     assert "rank 1 is not a member of the group" in per_rank[1][2]
+
+
+def chunks_for(n):
+    """A chunk count that divides this group's shard of S positions (S/N = 12, 6, 4, 3)."""
+    return 3 if (S // n) % 3 == 0 else 2
+
+
+def overlapped_like_plain(rank, world_size):
+    results = {}
+    groups = {n: dist.new_group(list(range(n))) for n in range(1, world_size + 1)}
+    for n, group in groups.items():
+        if rank >= n:
+            continue
+        plain = ParallelBlock(reference_block(), group, True)
+        overlapped = ParallelBlock(reference_block(), group, True, overlap=chunks_for(n))
+        waits = exposed_waits(overlapped)
+        with collectives.count_traffic() as t_plain:
+            train(plain, group, True, STEPS)
+        with collectives.count_traffic() as t_over:
+            train(overlapped, group, True, STEPS)
+        got, expected = overlapped.state_dict(), plain.state_dict()
+        diff = max((got[k] - expected[k]).abs().max().item() for k in got)
+        bitwise = all(torch.equal(got[k], expected[k]) for k in got)
+        results[n] = (diff, bitwise, t_plain.sent_bytes, t_over.sent_bytes, len(waits))
+    return results
+
+
+def test_overlapped_chunks_train_like_the_plain_sequence_parallel_block():
+    per_rank = run_world(overlapped_like_plain, 4)
+    for rank, results in enumerate(per_rank):
+        assert sorted(results) == list(range(rank + 1, 5))
+        for n, (diff, bitwise, plain_bytes, over_bytes, waits) in results.items():
+            what = f"rank {rank}, group of {n}, overlap={chunks_for(n)}"
+            assert diff < 1e-10, f"{what}: differs from the plain block by {diff}"
+            assert over_bytes == plain_bytes, f"{what}: chunks moved {over_bytes} B, not {plain_bytes}"
+            # 4 sequence-parallel linears, each waiting on every chunk forward and backward
+            assert waits == STEPS * 4 * 2 * chunks_for(n), what
+
+
+def check_overlap_errors(rank, world_size):
+    errors = []
+    tp = dist.new_group([0, 1])
+    for make in (lambda: ColumnParallelLinear(4, 4, group=tp, overlap=2),
+                 lambda: ColumnParallelLinear(4, 4, group=tp, sequence_parallel="regather", overlap=2),
+                 lambda: ColumnParallelLinear(4, 4, group=tp, sequence_parallel=True, overlap=-1),
+                 lambda: ColumnParallelLinear(4, 4, group=tp, sequence_parallel=True, overlap=2)(
+                     torch.zeros(3, 1, 4))):
+        try:
+            make()
+            errors.append(None)
+        except ValueError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def test_overlap_arguments_are_refused_before_any_message():
+    for errors in run_world(check_overlap_errors, 2):
+        assert "overlap=2 needs sequence_parallel=True" in errors[0]
+        assert "not 'regather'" in errors[1]
+        assert "overlap=-1 must be a chunk count" in errors[2]
+        assert "3 positions per rank is not divisible by overlap=2" in errors[3]

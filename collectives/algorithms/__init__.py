@@ -15,7 +15,7 @@ Adding an algorithm: its module (the function named after the collective, and
 from . import (all_gather_bruck, all_gather_recursive_doubling, all_gather_ring,
                all_reduce_double_binary_tree, all_reduce_hierarchical, all_reduce_naive_ring,
                all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring,
-               all_reduce_ring_pipelined,
+               all_reduce_ring_pipelined, all_reduce_swing,
                all_reduce_tree, all_to_all_bruck, all_to_all_linear, all_to_all_pairwise,
                barrier_dissemination,
                broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
@@ -44,6 +44,7 @@ MODULES = {
         "tree": all_reduce_tree,
         "double_binary_tree": all_reduce_double_binary_tree,
         "hierarchical": all_reduce_hierarchical,
+        "swing": all_reduce_swing,
     },
     "scatter": {
         "linear": scatter_linear,

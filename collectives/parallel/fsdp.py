@@ -16,7 +16,10 @@ keeps piece r only. A layer exists whole only while it is used:
 Parameters held per rank: S/N (the pieces) plus the layers gathered at that moment:
 the one computing and, with **prefetch**, the next one, whose all-gather is started
 (``async_op=True``) before the current layer computes, so the messages move while
-the arithmetic runs.
+the arithmetic runs. With **overlap_reduce_scatter**, each layer's gradient reduce-scatter
+is started (``async_op=True``) as soon as its backward is done and waited for only
+when the whole backward is (autograd's end-of-backward callback, as torch's DDP and
+FSDP use), so it moves while the earlier layers' gradients are computed.
 
 Traffic per step, per rank, with the ring algorithms and S bytes of parameters
 (padded): two all-gathers and one reduce-scatter of every layer, each (N-1)/N x S
@@ -36,6 +39,7 @@ Trillion Parameter Models", SC 2020; Y. Zhao et al., "PyTorch FSDP: Experiences 
 Scaling Fully Sharded Data Parallel", VLDB 2023.
 """
 import math
+import time
 
 import torch
 import torch.nn as nn
@@ -67,6 +71,9 @@ class FullyShardedDataParallel(nn.Module):
         group (ProcessGroup, optional): Ranks to shard over; None for all.
         prefetch (bool): Start the next layer's all-gather before computing this one.
         algorithm (str): Algorithm of the all-gathers and the reduce-scatters.
+        overlap_reduce_scatter (bool): Start each layer's gradient reduce-scatter without
+            waiting, and wait for all of them at the end of ``backward()``; the gradients
+            are the same bits, ready when ``backward()`` returns.
 
     Example::
 
@@ -76,10 +83,13 @@ class FullyShardedDataParallel(nn.Module):
         >>> opt.step()
     """
 
-    def __init__(self, layers, group=None, prefetch=True, algorithm="ring"):
+    def __init__(self, layers, group=None, prefetch=True, algorithm="ring", overlap_reduce_scatter=False):
         super().__init__()
         info = group_info(group, "collectives.parallel.fsdp")
         self.group, self.prefetch, self.algorithm = group, prefetch, algorithm
+        self.overlap_reduce_scatter = overlap_reduce_scatter
+        self.scattering = []     # (unit, its piece of the gradient, reduce-scatter in flight)
+        self.waits = []          # (start, end) of every wait for messages: the exposed communication
         self.world, self.rank = info.size, info.rank
         self.layers = list(layers)      # not submodules: parameters() is the pieces alone
         # Frozen parameters (requires_grad=False) stay whole in their layer on every rank,
@@ -130,8 +140,23 @@ class FullyShardedDataParallel(nn.Module):
         work = self.pending.pop(i)
         if self.prefetch:
             self._start_gather(then)       # moves while layer i computes
-        work.wait()
+        self._wait(work)
         return self.full[i]
+
+    def _wait(self, work):
+        t = time.time()
+        work.wait()
+        self.waits.append((t, time.time()))
+
+    def _finish_reduce_scatters(self):
+        """End of backward: wait for every layer's reduce-scatter and hand the pieces to autograd's
+        ``.grad`` (accumulating, as autograd would)."""
+        scattering, self.scattering = self.scattering, []
+        for i, mine, work in scattering:
+            self._wait(work)
+            mine.div_(self.world)
+            shard = self.shards[i]
+            shard.grad = mine if shard.grad is None else shard.grad.add_(mine)
 
     def _free(self, i):
         self.full[i].untyped_storage().resize_(0)
@@ -183,6 +208,14 @@ class _Unit(torch.autograd.Function):
         fsdp._free(i)
         k = fsdp.piece[i]
         mine = torch.empty(k, dtype=dy.dtype)
-        api.reduce_scatter(mine, list(grads[0].split(k)), group=fsdp.group, algorithm=fsdp.algorithm)
+        work = api.reduce_scatter(mine, list(grads[0].split(k)), group=fsdp.group, async_op=True,
+                                  algorithm=fsdp.algorithm)
         ctx.flat = ctx.x_in = ctx.y = None
-        return (grads[1] if len(grads) > 1 else None), mine.div_(fsdp.world), None, None
+        dx = grads[1] if len(grads) > 1 else None
+        if fsdp.overlap_reduce_scatter:
+            if not fsdp.scattering:     # the first layer of this backward: wait for all at its end
+                torch.autograd.Variable._execution_engine.queue_callback(fsdp._finish_reduce_scatters)
+            fsdp.scattering.append((i, mine, work))
+            return dx, None, None, None
+        fsdp._wait(work)
+        return dx, mine.div_(fsdp.world), None, None

@@ -39,6 +39,7 @@ Language Models Using Model Parallelism", 2019; V. Korthikanti et al.,
 "Reducing Activation Recomputation in Large Transformer Models", 2022.
 """
 import copy
+import time
 
 import torch
 import torch.distributed as dist
@@ -153,6 +154,128 @@ class _GatherLinear(torch.autograd.Function):
         return grad_x, grad_w, grad2d.sum(0) if ctx.has_bias else None, None
 
 
+# --- overlap: the sequence-parallel collectives cut in chunks, each chunk's messages moving
+# while the previous chunk's matrix product runs (Megatron's tp-comm-overlap, by collectives) ---
+#
+# Rank r's shard holds positions [r s, (r+1) s) of the gathered sequence (s = S/N). Chunk k is
+# positions [k c, (k+1) c) of *every* shard (c = s / chunks), so one all_gather_into_tensor of
+# each rank's chunk k yields N pieces of c positions, rank-major, and one reduce_scatter_tensor
+# of N such pieces leaves each rank its own chunk k. Chunk k+1's collective is issued with
+# async_op=True before chunk k's product: the group's lane thread moves it meanwhile. Each row
+# of the output is the same dot products as without chunks; only the rows' grouping into GEMM
+# calls differs. ``waits`` (a list or None) receives (start, end) of every wait for a chunk's
+# messages: the communication left exposed.
+
+def _check_overlap(overlap, sequence_parallel):
+    if not isinstance(overlap, int) or overlap < 0:
+        raise ValueError(f"tensor parallel: overlap={overlap!r} must be a chunk count >= 0")
+    if overlap and sequence_parallel is not True:
+        raise ValueError(f"tensor parallel: overlap={overlap} needs sequence_parallel=True (it chunks the "
+                         f"all_gather and reduce_scatter), not {sequence_parallel!r}")
+    return overlap
+
+
+def _check_chunks(s, chunks, what):
+    if chunks < 1 or s % chunks:
+        raise ValueError(f"tensor parallel overlap: {what} of {s} positions per rank is not divisible "
+                         f"by overlap={chunks} chunks")
+    return s // chunks
+
+
+def _timed_wait(work, waits):
+    if waits is None:
+        work.wait()
+        return
+    t = time.time()
+    work.wait()
+    waits.append((t, time.time()))
+
+
+def gather_linear_overlapped(x, weight, bias, group, chunks, waits=None):
+    """``F.linear(all_gather(x), weight, bias)`` along dim 0 with the all_gather in ``chunks``
+    pieces, piece k+1 in flight while piece k is multiplied. Returns (output, gathered input)."""
+    n, _ = _shape(group)
+    s = x.shape[0]
+    c = _check_chunks(s, chunks, "a sequence shard")
+    x = x.contiguous()
+    whole = x.new_empty((n, s) + tuple(x.shape[1:]))
+    out = x.new_empty((n, s) + tuple(x.shape[1:-1]) + (weight.shape[0],))
+    parts = [x.new_empty((n * c,) + tuple(x.shape[1:])) for _ in range(chunks)]
+
+    def start(k):
+        return tensor_api.all_gather_into_tensor(parts[k], x[k * c:(k + 1) * c].contiguous(), group=group,
+                                                 async_op=True, algorithm=ALGORITHM)
+    work = start(0)
+    for k in range(chunks):
+        following = start(k + 1) if k + 1 < chunks else None    # issued before this chunk's product
+        _timed_wait(work, waits)
+        piece = parts[k].view((n, c) + tuple(x.shape[1:]))
+        whole[:, k * c:(k + 1) * c] = piece
+        out[:, k * c:(k + 1) * c] = F.linear(piece, weight, bias)
+        work = following
+    return out.view((n * s,) + tuple(out.shape[2:])), whole.view((n * s,) + tuple(x.shape[1:]))
+
+
+def linear_scatter_overlapped(x, weight, group, chunks, waits=None):
+    """``reduce_scatter(F.linear(x, weight))`` along dim 0 with the product in ``chunks`` pieces,
+    piece k's reduce_scatter in flight while piece k+1 is multiplied."""
+    n, _ = _shape(group)
+    if x.shape[0] % n:
+        raise ValueError(f"sequence parallel: the sequence length {x.shape[0]} is not divisible by "
+                         f"the group size {n}")
+    s = x.shape[0] // n
+    c = _check_chunks(s, chunks, "a sequence shard")
+    grid = x.view((n, s) + tuple(x.shape[1:]))
+    out = x.new_empty((s,) + tuple(x.shape[1:-1]) + (weight.shape[0],))
+    works = []
+    for k in range(chunks):
+        partial = F.linear(grid[:, k * c:(k + 1) * c], weight).reshape((n * c,) + tuple(out.shape[1:]))
+        works.append(tensor_api.reduce_scatter_tensor(out[k * c:(k + 1) * c], partial, group=group,
+                                                      async_op=True, algorithm=ALGORITHM))
+    for work in works:
+        _timed_wait(work, waits)
+    return out
+
+
+class _GatherLinearOverlap(torch.autograd.Function):
+    """Sequence-parallel column linear, overlapped: all_gather/product forward, product/reduce_scatter
+    backward (the input's gradient), each in chunks."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, chunks, waits):
+        y, whole = gather_linear_overlapped(x, weight, bias, group, chunks, waits)
+        ctx.save_for_backward(whole, weight)
+        ctx.group, ctx.chunks, ctx.waits, ctx.has_bias = group, chunks, waits, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        whole, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = linear_scatter_overlapped(grad, weight.t(), ctx.group, ctx.chunks, ctx.waits)
+        grad2d = grad.reshape(-1, grad.shape[-1])
+        grad_w = grad2d.t() @ whole.reshape(-1, whole.shape[-1])
+        return grad_x, grad_w, grad2d.sum(0) if ctx.has_bias else None, None, None, None
+
+
+class _LinearScatterOverlap(torch.autograd.Function):
+    """Sequence-parallel row linear (no bias), overlapped: product/reduce_scatter forward,
+    all_gather/product backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, group, chunks, waits):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.chunks, ctx.waits = group, chunks, waits
+        return linear_scatter_overlapped(x.contiguous(), weight, group, chunks, waits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x, whole_grad = gather_linear_overlapped(grad, weight.t(), None, ctx.group, ctx.chunks, ctx.waits)
+        grad_w = whole_grad.reshape(-1, whole_grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        return grad_x, grad_w, None, None, None
+
+
 # --- the layers ---------------------------------------------------------------------------------
 
 class ColumnParallelLinear(nn.Module):
@@ -167,6 +290,11 @@ class ColumnParallelLinear(nn.Module):
             ``(S/N, B, in)``, all-gathered first; else the whole input ``(S, B, in)``, the
             same on every rank. "regather": keep only the shard for backward and gather it
             again there (activation memory /N; one all_gather more per step).
+        overlap (int): With ``sequence_parallel=True``, cut the all_gather (and backward's
+            reduce_scatter) into this many chunks along each shard's positions, chunk k+1's
+            messages moving while chunk k is multiplied; 0 (the default): the plain path;
+            1: one chunk, waited for at once (no overlap, but its waits recorded, see
+            :func:`exposed_waits`). The same bytes; one message per chunk more per ring step.
 
     Example::
 
@@ -175,9 +303,11 @@ class ColumnParallelLinear(nn.Module):
         torch.Size([S, B, 8])   # 8 of the 16 outputs on each rank
     """
 
-    def __init__(self, in_features, out_features, bias=True, group=None, sequence_parallel=False, dtype=None):
+    def __init__(self, in_features, out_features, bias=True, group=None, sequence_parallel=False, dtype=None,
+                 overlap=0):
         super().__init__()
         n, _ = _shape(group)
+        self.overlap, self.waits = _check_overlap(overlap, sequence_parallel), None
         if out_features % n:
             raise ValueError(f"ColumnParallelLinear: out_features={out_features} is not divisible by "
                              f"the group size {n}")
@@ -186,11 +316,11 @@ class ColumnParallelLinear(nn.Module):
         self.weight, self.bias = local.weight, local.bias
 
     @classmethod
-    def from_linear(cls, linear, group=None, sequence_parallel=False):
+    def from_linear(cls, linear, group=None, sequence_parallel=False, overlap=0):
         """This rank's slice of a whole ``nn.Linear`` (the same on every rank)."""
         n, r = _shape(group)
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group,
-                    sequence_parallel, linear.weight.dtype)
+                    sequence_parallel, linear.weight.dtype, overlap)
         with torch.no_grad():
             layer.weight.copy_(linear.weight.chunk(n, 0)[r])
             if linear.bias is not None:
@@ -198,6 +328,8 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
+        if self.overlap:
+            return _GatherLinearOverlap.apply(x, self.weight, self.bias, self.group, self.overlap, self.waits)
         if self.sequence_parallel == "regather":
             return _GatherLinear.apply(x, self.weight, self.bias, self.group)
         x = (_GatherSequence if self.sequence_parallel else _CopyToParallel).apply(x, self.group)
@@ -215,11 +347,16 @@ class RowParallelLinear(nn.Module):
         group (ProcessGroup, optional): The tensor-parallel group; None for the world.
         sequence_parallel (bool): Leave each rank its sequence shard ``(S/N, B, out)``;
             the bias then needs :func:`reduce_replicated_grads`.
+        overlap (int): With ``sequence_parallel=True``, cut the product and its reduce_scatter
+            (backward: the all_gather and the product) into this many chunks, one chunk's
+            messages moving while the next is multiplied; 0: the plain path, 1: one chunk.
     """
 
-    def __init__(self, in_features, out_features, bias=True, group=None, sequence_parallel=False, dtype=None):
+    def __init__(self, in_features, out_features, bias=True, group=None, sequence_parallel=False, dtype=None,
+                 overlap=0):
         super().__init__()
         n, _ = _shape(group)
+        self.overlap, self.waits = _check_overlap(overlap, sequence_parallel), None
         if in_features % n:
             raise ValueError(f"RowParallelLinear: in_features={in_features} is not divisible by "
                              f"the group size {n}")
@@ -233,10 +370,10 @@ class RowParallelLinear(nn.Module):
             self.bias.sequence_parallel = True   # its gradient is a sum over the sequence shards
 
     @classmethod
-    def from_linear(cls, linear, group=None, sequence_parallel=False):
+    def from_linear(cls, linear, group=None, sequence_parallel=False, overlap=0):
         n, r = _shape(group)
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group,
-                    sequence_parallel, linear.weight.dtype)
+                    sequence_parallel, linear.weight.dtype, overlap)
         with torch.no_grad():
             layer.weight.copy_(linear.weight.chunk(n, 1)[r])
             if linear.bias is not None:
@@ -244,6 +381,9 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
+        if self.overlap:
+            y = _LinearScatterOverlap.apply(x, self.weight, self.group, self.overlap, self.waits)
+            return y if self.bias is None else y + self.bias
         partial = F.linear(x, self.weight)
         y = (_ScatterSequence if self.sequence_parallel else _ReduceFromParallel).apply(partial, self.group)
         return y if self.bias is None else y + self.bias
@@ -254,20 +394,20 @@ class ParallelMLP(nn.Module):
 
     Args:
         hidden, ffn (int): Widths; ``ffn`` divisible by N.
-        group, sequence_parallel: As :class:`ColumnParallelLinear`.
+        group, sequence_parallel, overlap: As :class:`ColumnParallelLinear`.
     """
 
-    def __init__(self, hidden, ffn, group=None, sequence_parallel=False, dtype=None):
+    def __init__(self, hidden, ffn, group=None, sequence_parallel=False, dtype=None, overlap=0):
         super().__init__()
-        self.fc1 = ColumnParallelLinear(hidden, ffn, True, group, sequence_parallel, dtype)
-        self.fc2 = RowParallelLinear(ffn, hidden, True, group, sequence_parallel, dtype)
+        self.fc1 = ColumnParallelLinear(hidden, ffn, True, group, sequence_parallel, dtype, overlap)
+        self.fc2 = RowParallelLinear(ffn, hidden, True, group, sequence_parallel, dtype, overlap)
 
     @classmethod
-    def from_mlp(cls, mlp, group=None, sequence_parallel=False):
+    def from_mlp(cls, mlp, group=None, sequence_parallel=False, overlap=0):
         """From ``nn.Sequential(nn.Linear(H, F), nn.GELU(), nn.Linear(F, H))`` (see :class:`Block`)."""
-        self = cls(mlp[0].in_features, mlp[0].out_features, group, sequence_parallel, mlp[0].weight.dtype)
-        self.fc1 = ColumnParallelLinear.from_linear(mlp[0], group, sequence_parallel)
-        self.fc2 = RowParallelLinear.from_linear(mlp[2], group, sequence_parallel)
+        self = cls(mlp[0].in_features, mlp[0].out_features, group, sequence_parallel, mlp[0].weight.dtype, overlap)
+        self.fc1 = ColumnParallelLinear.from_linear(mlp[0], group, sequence_parallel, overlap)
+        self.fc2 = RowParallelLinear.from_linear(mlp[2], group, sequence_parallel, overlap)
         return self
 
     def forward(self, x):
@@ -284,7 +424,7 @@ class ParallelAttention(nn.Module):
         group, sequence_parallel: As :class:`ColumnParallelLinear`.
     """
 
-    def __init__(self, hidden, heads, group=None, sequence_parallel=False, dtype=None):
+    def __init__(self, hidden, heads, group=None, sequence_parallel=False, dtype=None, overlap=0):
         super().__init__()
         n, _ = _shape(group)
         if heads % n or hidden % heads:
@@ -292,20 +432,20 @@ class ParallelAttention(nn.Module):
                              f"and divide hidden={hidden}")
         self.local_heads, self.head_dim = heads // n, hidden // heads
         # one fused projection: rank r's rows are [Q of its heads; K of its heads; V of its heads]
-        self.qkv = ColumnParallelLinear(hidden, 3 * hidden, True, group, sequence_parallel, dtype)
-        self.out = RowParallelLinear(hidden, hidden, True, group, sequence_parallel, dtype)
+        self.qkv = ColumnParallelLinear(hidden, 3 * hidden, True, group, sequence_parallel, dtype, overlap)
+        self.out = RowParallelLinear(hidden, hidden, True, group, sequence_parallel, dtype, overlap)
 
     @classmethod
-    def from_attention(cls, mha, group=None, sequence_parallel=False):
+    def from_attention(cls, mha, group=None, sequence_parallel=False, overlap=0):
         """This rank's heads of an ``nn.MultiheadAttention`` (``in_proj_weight`` is [Wq; Wk; Wv])."""
         n, r = _shape(group)
         hidden = mha.embed_dim
-        self = cls(hidden, mha.num_heads, group, sequence_parallel, mha.in_proj_weight.dtype)
+        self = cls(hidden, mha.num_heads, group, sequence_parallel, mha.in_proj_weight.dtype, overlap)
         with torch.no_grad():
             mine = lambda t: torch.cat([part.chunk(n, 0)[r] for part in t.chunk(3, 0)])  # noqa: E731
             self.qkv.weight.copy_(mine(mha.in_proj_weight))
             self.qkv.bias.copy_(mine(mha.in_proj_bias))
-        self.out = RowParallelLinear.from_linear(mha.out_proj, group, sequence_parallel)
+        self.out = RowParallelLinear.from_linear(mha.out_proj, group, sequence_parallel, overlap)
         return self
 
     def forward(self, x):
@@ -336,16 +476,17 @@ class Block(nn.Module):
 
 class ParallelBlock(nn.Module):
     """:class:`Block` with its attention and MLP tensor-parallel over ``group`` (the LayerNorms
-    whole on every rank; with ``sequence_parallel`` they act on sequence shards)."""
+    whole on every rank; with ``sequence_parallel`` they act on sequence shards; ``overlap``: as
+    :class:`ColumnParallelLinear`)."""
 
-    def __init__(self, block, group=None, sequence_parallel=False):
+    def __init__(self, block, group=None, sequence_parallel=False, overlap=0):
         super().__init__()
         self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
         if sequence_parallel:
             for p in (*self.ln1.parameters(), *self.ln2.parameters()):
                 p.sequence_parallel = True
-        self.attn = ParallelAttention.from_attention(block.attn, group, sequence_parallel)
-        self.mlp = ParallelMLP.from_mlp(block.mlp, group, sequence_parallel)
+        self.attn = ParallelAttention.from_attention(block.attn, group, sequence_parallel, overlap)
+        self.mlp = ParallelMLP.from_mlp(block.mlp, group, sequence_parallel, overlap)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -369,3 +510,13 @@ def reduce_replicated_grads(module, group=None):
         p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
         offset += p.numel()
     return flat.numel() * flat.element_size()
+
+
+def exposed_waits(module):
+    """Give every tensor-parallel linear of ``module`` one shared list that overlapped layers fill with
+    the (start, end) of each wait for a chunk's messages; return it."""
+    waits = []
+    for m in module.modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+            m.waits = waits
+    return waits

@@ -6,6 +6,7 @@ tensor i holds ``(r + 1) + ((7 i + j) mod 13)`` at element j. Sums stay exact in
 float32 up to about 5,000 ranks, and each source of an all_to_all or gather piece is
 told apart by its ``r + 1``.
 """
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -54,10 +55,36 @@ def value(r, i, e, dtype, device):
     return ((torch.arange(e) + 7 * i) % 13 + r + 1).to(dtype)
 
 
-def expected(collective, r, n, e, root, dtype):
-    """What rank r must hold after the call: a list of tensors (None where nothing is promised)."""
+def combined(op, n, i, e, dtype):
+    """Tensor i reduced with ``op`` over ranks 0..n-1, in closed form: element j of rank r is
+    r + 1 + c with c = (7 i + j) mod 13, so SUM is n c + n(n+1)/2, AVG that over n, MAX c + n,
+    MIN c + 1, PRODUCT (c+1)(c+2)...(c+n); the bitwise ops have no short form and are folded."""
+    name = reduce_ops.reduction(op, dtype, "collectives.sim").name
+    c = (torch.arange(e) + 7 * i) % 13
+    if name in ("SUM", "AVG"):
+        # AVG: the division happens after the sum, as the simulated call does it
+        return (c * n + n * (n + 1) // 2).to(dtype)
+    if name == "MAX":
+        return (c + n).to(dtype)
+    if name == "MIN":
+        return (c + 1).to(dtype)
+    if name == "PRODUCT":
+        out = torch.ones(e, dtype=torch.float64)
+        for q in range(1, n + 1):
+            out *= (c + q).to(torch.float64)
+        return out.to(dtype)
+    fold = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[name]
+    out = value(0, i, e, dtype, "cpu")
+    for q in range(1, n):
+        out = fold(out, value(q, i, e, dtype, "cpu"))
+    return out
+
+
+def expected(collective, r, n, e, root, dtype, op=ReduceOp.SUM):
+    """What rank r must hold after the call: a list of tensors (None where nothing is promised).
+    For the reducing collectives ``op``'s own closed form, and AVG before its division."""
     v = lambda q, i: value(q, i, e, dtype, "cpu")  # noqa: E731
-    total = lambda i: ((torch.arange(e) + 7 * i) % 13 * n + n * (n + 1) // 2).to(dtype)  # noqa: E731
+    total = lambda i: combined(op, n, i, e, dtype)  # noqa: E731
     if collective == "all_reduce":
         return [total(0)]
     if collective == "broadcast":
@@ -162,6 +189,44 @@ class Result:
                 "link_bytes": dict(self.link_bytes)}
 
 
+MAX_BYTES = 1 << 50
+# Bytes assumed for one meta tensor or view of it and its bookkeeping, the unit of the records
+# that grow as N^2: an estimate (a Python tensor object plus its C++ TensorImpl), NOT measured.
+TENSOR_RECORD = 700
+
+
+def memory_estimate(collective, n, size, device):
+    """Bytes a simulation holds at its peak, roughly: with ``device="cpu"`` every rank's input,
+    output and closed form (3 x the call's bytes per rank, the N-piece collectives' input is N
+    pieces); on meta only the tensor objects: an N-piece collective holds N input and N output
+    pieces on each rank, and a chunking algorithm (ring, ...) a view per piece, N^2 in all."""
+    records = n * n * TENSOR_RECORD * (3 if collective in PIECES else 1)
+    data = 3 * n * size if device == "cpu" else 0
+    return records + data
+
+
+def memory_limit(memory=None):
+    if memory is not None:
+        return int(memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def refuse_beyond_memory(collective, n, size, device, memory=None):
+    need, limit = memory_estimate(collective, n, size, device), memory_limit(memory)
+    if need <= limit:
+        return
+    why = (f"device='cpu' holds every rank's real tensors ({n} x {size} bytes, 3 times over)"
+           if device == "cpu" and 3 * n * size > need // 2 else
+           f"{collective} on {n} ranks keeps about {n}^2 tensor records")
+    hint = "device='meta', " if device == "cpu" else ""
+    raise ValueError(f"collectives.sim: {why}: about {need / 1e9:.1f} GB, more than the {limit / 1e9:.1f} GB "
+                     f"allowed (memory=, in bytes); use "
+                     f"{hint}fewer ranks or fewer bytes")
+
+
 def resolve_algorithm(collective, algorithm):
     """(name, function): a registered name, or a function with the algorithm modules' signature."""
     if collective not in REGISTRY:
@@ -176,7 +241,7 @@ def resolve_algorithm(collective, algorithm):
 
 
 def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g", root=0,
-             device="meta", dtype=torch.float32, op=ReduceOp.SUM, check=None, calls=1):
+             device="meta", dtype=torch.float32, op=ReduceOp.SUM, check=None, calls=1, memory=None):
     """Simulate one call of ``algorithm`` (a registered name or a function with the algorithm
     modules' signature) of ``collective`` on ``world_size`` virtual ranks.
 
@@ -187,6 +252,8 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         root: the root of broadcast, reduce, gather and scatter.
         device: ``"meta"`` (sizes only: time and traffic) or ``"cpu"`` (real data, exact results).
         check: compare every rank's output with the closed form (default: when ``device="cpu"``).
+        memory: bytes the simulation may take (default half this machine's memory); a call whose estimate is larger is refused before any rank
+            runs, with the estimate (see :func:`memory_estimate`).
         calls: how many calls each rank makes back to back, as a benchmark that times a batch
             of calls does (the next call's messages meet the slower ranks' last ones); each
             starts from fresh inputs, and ``time`` is per call (the whole / ``calls``).
@@ -208,12 +275,22 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         raise ValueError(f"root={root} is out of range for {n} ranks")
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
         raise ValueError(f"calls must be a whole number >= 1, got {calls!r}")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"nbytes must be a whole number >= 0, got {nbytes!r}")
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"nbytes={nbytes} is more than {MAX_BYTES} (2**50, 1 PiB), the most one "
+                         f"simulated call takes (a tensor's element count must fit in 64 bits)")
+    if str(device) not in ("meta", "cpu"):
+        raise ValueError(f"device must be 'meta' or 'cpu' (the ranks are virtual and run in this "
+                         f"process: 'meta' for time and traffic, 'cpu' for real data), got {str(device)!r}")
+    device = str(device)
     spec = topologies.load(topology)
     fabric = topologies.build(spec, n)
     item = torch.empty(0, dtype=dtype).element_size()
     e = elements(collective, int(nbytes), n, item)
     size = call_bytes(collective, e, n, item)
     red = reduce_ops.reduction(op, dtype, f"collectives.sim {collective}") if collective in REDUCING else None
+    refuse_beyond_memory(collective, n, size, device, memory)
     check = device != "meta" if check is None else check
     world = World(fabric, real_data=device != "meta")
     outputs = [None] * n
@@ -237,7 +314,7 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
 
     time = world.run(body) / calls
     ranks = [{"sent_messages": x.sent_messages, "sent_bytes": x.sent_bytes, "recv_messages": x.recv_messages,
-              "recv_bytes": x.recv_bytes, "reduced_bytes": x.reduced_bytes, "steps": len(x.steps),
+              "recv_bytes": x.recv_bytes, "reduced_bytes": x.reduced_bytes, "steps": x.nsteps,
               "time": x.end_time} for x in world.ranks]
     if observers.watched():
         for x in world.ranks:
@@ -251,10 +328,10 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
 
 
 def first_wrong(collective, outputs, n, e, root, dtype, red=None):
-    """(rank, output index, element, got, want) of the first element off the closed form, or None.
-    (The closed form is for SUM, and AVG after the division.)"""
+    """(rank, output index, element, got, want) of the first element off ``red``'s closed form
+    (SUM's where there is no reduction), or None."""
     for r in range(n):
-        want = expected(collective, r, n, e, root, dtype)
+        want = expected(collective, r, n, e, root, dtype, red.op if red is not None else ReduceOp.SUM)
         got = outputs[r]
         for i, w in enumerate(want):
             if w is None:

@@ -219,12 +219,15 @@ class Need:
     """What the algorithm sends per rank, and what to tell a solution that sends more.
 
     Bounds are per rank; None means "not limited". ``ideal`` is the
-    algorithm's figure in words (e.g. "2(N-1)/N x S = 235200 bytes").
+    algorithm's figure in words (e.g. "2(N-1)/N x S = 235200 bytes"). ``min_bytes`` is a
+    lower bound on the bytes all ranks send together; by default any counted byte meets it
+    where the algorithm sends some (so a run whose data moved uncounted never passes).
     """
 
     def __init__(self, sent_bytes=None, sent_messages=None, recv_messages=None, ideal="", algorithm="",
-                 chapter=""):
+                 chapter="", min_bytes=None):
         self.sent_bytes, self.sent_messages, self.recv_messages = sent_bytes, sent_messages, recv_messages
+        self.min_bytes = min_bytes
         self.ideal, self.algorithm, self.chapter = ideal, algorithm, chapter
 
 

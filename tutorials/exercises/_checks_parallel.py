@@ -285,7 +285,8 @@ class FsdpStep:
         shards = [p[rank * k:(rank + 1) * k].clone() for p, k in zip(padded, pieces)]
         layers = Layers()
         x, target = _fsdp_batch(rank, case)
-        grads = fn(shards, layers, x, target, _fsdp_loss)
+        handed = [[s.clone() for s in shards], x.clone(), target.clone()]
+        grads = fn(handed[0], layers, handed[1], handed[2], _fsdp_loss)
         _progress("(grader) computing the expected gradients")
         expected = self.reference(case, n, rank, pieces)
         if not isinstance(grads, (list, tuple)) or len(grads) != len(expected):
@@ -299,7 +300,8 @@ class FsdpStep:
                                   f"{rank}; a fully sharded model holds at most two (the layer computing and "
                                   f"the next one, prefetched). Gather a layer, use it, let it go (keeping an "
                                   f"autograd graph through it keeps it too): gather it again for its backward.")
-        return report
+        before = [(f"shards[{i}]", s, h) for i, (s, h) in enumerate(zip(shards, handed[0]))]
+        return _checks().untouched(report, before + [("x", x, handed[1]), ("target", target, handed[2])])
 
     def reference(self, case, n, rank, pieces):
         flats = [f.requires_grad_() for f in _fsdp_weights(case)]

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from tutorials.exercises._checks import Need, compare
+from tutorials.exercises._checks import Need, compare, untouched
 
 E = 8   # float64 throughout: tensor-parallel sums are reordered, float64 keeps them within 1e-12
 
@@ -40,8 +40,8 @@ class TensorParallelMLP:
         ref = [t.clone().requires_grad_() for t in (x, w1, b1, w2, b2)]
         y_ref = F.linear(F.gelu(F.linear(ref[0], ref[1], ref[2])), ref[3], ref[4])
         y_ref.backward(dy)
-        mine = [x, w1.chunk(n, 0)[rank], b1.chunk(n, 0)[rank], w2.chunk(n, 1)[rank], b2]
-        mine = [t.clone().contiguous().requires_grad_() for t in mine]
+        given = [x, w1.chunk(n, 0)[rank], b1.chunk(n, 0)[rank], w2.chunk(n, 1)[rank], b2]
+        mine = [t.clone().contiguous().requires_grad_() for t in given]
         y = fn(*mine)
         if isinstance(y, torch.Tensor) and y.shape == y_ref.shape and not y.requires_grad:
             return {"ok": False, "lines": ["y does not require grad: build it from the inputs with torch "
@@ -61,7 +61,8 @@ class TensorParallelMLP:
                 report["lines"].append("(x.grad holds only this rank's part, the gradient through its own "
                                        "hidden units: the f operator in front of the first layer must "
                                        "all_reduce the gradient in its backward)")
-        return report
+        return untouched(report, [(what, before, now.detach()) for what, before, now
+                                  in zip(("x", "w1", "b1", "w2", "b2"), given, mine)])
 
     def need(self, case, n):
         numel = case["batch"] * case["hidden"]
@@ -113,7 +114,8 @@ class MoeDispatch:
         everyone = [self.inputs(j, n, case) for j in range(n)]
         expected = torch.cat([t[e == rank] for t, e in everyone])
         counts = torch.tensor([int((e == rank).sum()) for _, e in everyone])
-        result = fn(tokens.clone(), expert.clone())
+        handed = [tokens.clone(), expert.clone()]
+        result = fn(*handed)
         if not (isinstance(result, tuple) and len(result) == 2):
             return {"ok": False, "lines": [f"expected (received, counts), found {type(result).__name__}"]}
         received, got_counts = result
@@ -127,7 +129,7 @@ class MoeDispatch:
                 and received.shape[0] == expected.shape[0] - own):
             report["lines"].append(f"(received misses {own} rows: the tokens rank {rank} routes to its own "
                                    f"expert stay here, copied into place without a message)")
-        return report
+        return untouched(report, [("tokens", tokens, handed[0]), ("expert", expert, handed[1])])
 
     def need(self, case, n):
         if case["hidden"] < 10 or n == 1:
@@ -154,18 +156,27 @@ class RingAttention:
         if not quick:
             cases.append(dict(rows=1, dim=1))
         cases.append(dict(rows=3, dim=4))
+        # scores in the thousands: exp(s) overflows float64 (past 709) unless the running maximum is
+        # subtracted first, so an online softmax without it returns nan where the right one is exact
+        cases.append(dict(rows=3, dim=4, scale=60))
         cases.append(dict(rows=64, dim=32))        # 16 KiB per chunk: traffic is judged
         for salt, case in enumerate(cases):
             case["salt"] = salt
         return cases
 
     def label(self, case):
-        return f"q, k, v float64[{case['rows']}, {case['dim']}] per rank (S = {case['rows']} x N positions)"
+        text = f"q, k, v float64[{case['rows']}, {case['dim']}] per rank (S = {case['rows']} x N positions)"
+        if "scale" in case:
+            text += f", entries scaled by {case['scale']} so the scores reach the thousands"
+        return text
 
     def whole(self, case, n):
-        """Q, K, V of the whole sequence; scaled by 3 so that the row maxima change from chunk to chunk."""
+        """Q, K, V of the whole sequence; scaled by 3 (or the case's scale) so that the row maxima change
+        from chunk to chunk."""
         g = torch.Generator().manual_seed(case["salt"])
-        return [3 * torch.randn(n * case["rows"], case["dim"], generator=g, dtype=torch.float64) for _ in range(3)]
+        scale = case.get("scale", 3)
+        return [scale * torch.randn(n * case["rows"], case["dim"], generator=g, dtype=torch.float64)
+                for _ in range(3)]
 
     @staticmethod
     def unrescaled(q, ks, vs):
@@ -185,6 +196,8 @@ class RingAttention:
         mine = [qs[rank].clone(), ks[rank].clone(), vs[rank].clone()]
         out = fn(*mine)
         report = compare([("out", expected, out)])
+        untouched(report, [(what, before, now) for what, before, now in zip("qkv", (qs[rank], ks[rank], vs[rank]),
+                                                                             mine)])
         if not report["ok"] and n > 1 and isinstance(out, torch.Tensor) and out.shape == expected.shape:
             for order in ([(rank - s) % n for s in range(n)], [(rank + s) % n for s in range(n)]):
                 if torch.allclose(out, self.unrescaled(qs[rank], [ks[j] for j in order], [vs[j] for j in order]),

@@ -4,7 +4,8 @@
 modules (a door, a flat tensor, a reduction), runs in ``collectives.sim``:
 
 1. **Results** on real tensors: worlds of 1, 2, 3, 4, 5, 8, 13 and 33 ranks (quick: 1, 2,
-   3, 5), tensors of 0, 1, 7 and 1000 float32 elements; every rank must hold the exact sum.
+   3, 5), tensors of 0, 1, 7 and 1000 float32 elements, reduced with SUM and with MAX (so a
+   hard-coded ``add_`` fails); every rank must hold the exact reduction.
 2. **Deadlock**: under rendezvous semantics a schedule that cannot finish is reported
    with its wait-for cycle (at any of those sizes, and at scale).
 3. **Speed at scale**: 64 MiB on 1,024 ranks (quick: 64) of ``ethernet-100g``; the
@@ -14,8 +15,14 @@ modules (a door, a flat tensor, a reduction), runs in ``collectives.sim``:
 """
 import importlib
 import importlib.util
+import os
 import traceback
 from pathlib import Path
+
+import torch
+from torch.distributed import ReduceOp
+
+from tutorials.exercises import _routes
 
 FULL_WORLDS = (1, 2, 3, 4, 5, 8, 13, 33)
 QUICK_WORLDS = (1, 2, 3, 5)
@@ -24,6 +31,8 @@ SCALE, QUICK_SCALE = 1024, 64
 SCALE_BYTES = 64 << 20
 TOPOLOGY = "ethernet-100g"
 FRACTION = 0.9
+# SUM alone cannot tell op.combine from a hard-coded add_: MAX can
+OPS = {ReduceOp.SUM: "the sum", ReduceOp.MAX: "the maximum"}
 
 
 def load(name, source):
@@ -37,48 +46,88 @@ def load(name, source):
     return getattr(module, name)
 
 
+def _first_off_max(outputs, n, e):
+    """(rank, 0, element, got, want) of the first element off the MAX over ranks, or None. The
+    simulator's inputs encode the rank (value(r) = r + 1 + ...), so the maximum is rank n-1's input."""
+    from collectives.sim.collective import value
+
+    want = value(n - 1, 0, e, torch.float32, "cpu")
+    for rank in range(n):
+        got = outputs[rank][0]
+        if got.shape != want.shape:
+            return rank, 0, None, list(got.shape), list(want.shape)
+        if not torch.equal(got, want):
+            j = int((got != want).nonzero()[0, 0])
+            return rank, 0, j, got[j].item(), want[j].item()
+    return None
+
+
 class SimAllReduce:
     simulated = True
     chapter = "chapter 14 (tutorials/14_a_thousand_ranks.md)"
 
     def grade(self, name, source, shown, quick=False, world_sizes=None):
         """(passed, reason, text)."""
+        # the library's own algorithms are a free route to the right schedule: off while fn runs,
+        # and before it loads, so that `from ... import all_reduce` gets the switched-off one
+        restore = _routes.switch_off(source)
+        try:
+            try:
+                fn = load(name, source)
+            except Exception:
+                return False, "load_error", (f"FAIL {name}: {shown} does not load:\n"
+                                             f"{traceback.format_exc(limit=-1)}")
+            return self._grade(name, fn, shown, quick, world_sizes)
+        except _routes.BuiltinUsed as exc:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                      if os.path.abspath(f.filename) == _routes.source_file(source)]
+            line = f"line {frames[-1].lineno} of {os.path.basename(frames[-1].filename)}: " \
+                   f"{(frames[-1].line or '').strip()}" if frames else "in your code"
+            return False, "builtin", (f"FAIL {name}: it calls {exc.name} ({line}). The library's own "
+                                      f"algorithms are switched off while grading: build the schedule "
+                                      f"from comm.sendrecv, comm.send and comm.recv. See {self.chapter}.")
+        finally:
+            restore()
+
+    def _grade(self, name, fn, shown, quick, world_sizes):
         from collectives import sim
         from collectives.sim.collective import busbw_factor
         from collectives.tuning import cost_model
 
-        try:
-            fn = load(name, source)
-        except Exception:
-            return False, "load_error", f"FAIL {name}: {shown} does not load:\n{traceback.format_exc(limit=-1)}"
         worlds = world_sizes or (QUICK_WORLDS if quick else FULL_WORLDS)
         cases = 0
-        for n in worlds:
-            for e in ELEMENTS:
-                where = f"{n} rank(s), tensor float32[{e}]"
-                try:
-                    r = sim.simulate("all_reduce", fn, n, 4 * e, topology=TOPOLOGY, device="cpu")
-                except sim.Deadlock as exc:
-                    return False, "deadlock", f"FAIL {name}: deadlock with {where}.\n{exc}\nSee {self.chapter}."
-                except sim.SimulationError as exc:
-                    cause = exc.__cause__
-                    if isinstance(cause, NotImplementedError):
-                        return False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises "
-                                                      f"NotImplementedError. Write its body (the docstring "
-                                                      f"says what to build), then grade it again.")
-                    text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__, limit=-3))
-                    return False, "crash", f"FAIL {name}: {exc} with {where}:\n{text}"
-                if r.wrong is not None:
-                    rank, _, j, got, want = r.wrong
-                    return False, "wrong", (f"FAIL {name}: wrong result with {where}: rank {rank}, element {j} "
-                                            f"is {got}, expected {want} (the sum over ranks).")
-                cases += 1
+        for n, e, op in [(n, e, op) for n in worlds for e in ELEMENTS for op in OPS]:
+            where = f"{n} rank(s), tensor float32[{e}], op {op.name}"
+            try:
+                r = sim.simulate("all_reduce", fn, n, 4 * e, topology=TOPOLOGY, device="cpu", op=op,
+                                 check=op == ReduceOp.SUM)   # the simulator's closed form is the sum
+            except sim.Deadlock as exc:
+                return False, "deadlock", f"FAIL {name}: deadlock with {where}.\n{exc}\nSee {self.chapter}."
+            except sim.SimulationError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, _routes.BuiltinUsed):
+                    raise cause
+                if isinstance(cause, NotImplementedError):
+                    return False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises "
+                                                  f"NotImplementedError. Write its body (the docstring "
+                                                  f"says what to build), then grade it again.")
+                text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__, limit=-3))
+                return False, "crash", f"FAIL {name}: {exc} with {where}:\n{text}"
+            wrong = r.wrong if op == ReduceOp.SUM else _first_off_max(r.outputs, n, e)
+            if wrong is not None:
+                rank, _, j, got, want = wrong
+                return False, "wrong", (f"FAIL {name}: wrong result with {where}: rank {rank}, element {j} "
+                                        f"is {got}, expected {want} ({OPS[op]} over ranks). Fold each piece in "
+                                        f"with op.combine(acc, x), which is what op asks for.")
+            cases += 1
         n = QUICK_SCALE if quick else SCALE
         try:
             mine = sim.simulate("all_reduce", fn, n, SCALE_BYTES, topology=TOPOLOGY, device="meta")
         except sim.Deadlock as exc:
             return False, "deadlock", f"FAIL {name}: deadlock at {n} ranks, 64 MiB.\n{exc}\nSee {self.chapter}."
         except sim.SimulationError as exc:
+            if isinstance(exc.__cause__, _routes.BuiltinUsed):
+                raise exc.__cause__
             return False, "crash", f"FAIL {name}: {exc} at {n} ranks, 64 MiB (meta tensors: sizes only)."
         spec = sim.load_topology(TOPOLOGY)
         ring = cost_model.predict("all_reduce", "ring", n, SCALE_BYTES,

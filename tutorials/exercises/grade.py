@@ -33,7 +33,7 @@ What is checked (exit status 0 only on a pass):
 
 Every world size is graded, also after one fails (except for mistakes that are the
 same on every world: a built-in called, a stub not written, a file that does not
-load). The verdict is the first failure of results, bits, inputs, deadlock or crash
+load; and a deadlock, which costs ``hang_seconds`` a world: grading stops at the first). The verdict is the first failure of results, bits, inputs, deadlock or crash
 over all worlds, else the first of traffic, state or receive sizes (the results were
 right), and ends with the world sizes that passed and those that failed: "passed on
 2, 4; failed on 3 (deadlock)" is the clue to a mistake that depends on N.
@@ -537,6 +537,15 @@ def _traffic_problem(name, check, case, n, reports):
     worst_recv = max(c[3] for c in counts.values())
     summary = (f"with {n} ranks and {_case_words(check, case, n)}: each rank sent at most {worst_bytes} "
                f"bytes in {worst_msgs} message{'s' if worst_msgs != 1 else ''}; {need.algorithm} needs {need.ideal}")
+    floor = need.min_bytes if need.min_bytes is not None else (1 if need.sent_bytes else 0)
+    if n > 1 and sum(c[0] for c in counts.values()) < floor:
+        # Data had to cross between ranks, yet (almost) none went through the counted calls: the
+        # result came by a route the grader neither switched off nor counted (a process group's
+        # own methods, a library it does not know). Such a run can never pass.
+        return (f"FAIL {name}: correct, but with {n} ranks and {_case_words(check, case, n)} each rank sent "
+                f"{worst_bytes} bytes: no message was counted where {need.algorithm} sends {need.ideal}. "
+                f"The data crossed by a route the grader cannot see; build {name} from dist.send, "
+                f"dist.recv, dist.isend, dist.irecv or dist.batch_isend_irecv: see {need.chapter}."), summary
     if need.sent_bytes is not None and worst_bytes > need.sent_bytes:
         r = max(counts, key=lambda q: counts[q][0])
         return (f"FAIL {name}: correct, but sends {worst_bytes} bytes (rank {r}) where {need.algorithm} "
@@ -642,7 +651,8 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
             if failed is not None:
                 hard = failed if hard is None else hard
                 outcomes[n] = failed.reason
-                if failed.reason in SAME_ON_EVERY_WORLD:
+                if failed.reason in SAME_ON_EVERY_WORLD or failed.reason == "deadlock":
+                    # a deadlock costs hang_seconds a world: the first one is the verdict (within 20 s)
                     break
             elif late is not None:
                 soft = Verdict(name, False, *late) if soft is None else soft
@@ -654,7 +664,9 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
             verdict.text += "\n" + _worlds_line(outcomes)
             skipped = [str(n) for n in sizes if n not in outcomes]
             if skipped:
-                verdict.text += f" Not run: {', '.join(skipped)} (this mistake is the same on every world)."
+                why = ("stopped at the first deadlock: fix it, then grade again" if verdict.reason == "deadlock"
+                       else "this mistake is the same on every world")
+                verdict.text += f" Not run: {', '.join(skipped)} ({why})."
         if verdict is None:
             text = (f"PASS {name}: correct in all {counted} cases on worlds of "
                     f"{', '.join(map(str, sizes))} ranks.")
@@ -671,6 +683,27 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
     return verdict
 
 
+# exercises whose function has the algorithm modules' signature (comm, tensor, op): their run can be drawn
+HTML_COLLECTIVE = {"sim_all_reduce": "all_reduce"}
+
+
+def draw(name, solution, path, world_size=4):
+    """Draw the learner's run beside the reference's (``collectives.viz.side_by_side``) in ``path``;
+    return what to print: where the page is, and what it shows went wrong."""
+    from collectives import viz
+    from tutorials.exercises import _sim
+
+    source, shown, tmp = resolve(name, solution)
+    fn = _sim.load(name, source)
+    written, data = viz.side_by_side(HTML_COLLECTIVE[name], fn, world_size, path)
+    lines = [f"Drawn: {written} ({shown} on {world_size} ranks, beside the reference)."]
+    if data.get("failure"):
+        lines.append(f"  The page shows the deadlock: {data['failure']}")
+    if data.get("wrong"):
+        lines.append(f"  The page marks the first wrong chunk: {data['wrong']}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Grade an exercise of tutorials/exercises/.")
     parser.add_argument("name", choices=[*_checks.CHECKS, *_numeric.NUMERIC],
@@ -682,7 +715,14 @@ def main(argv=None):
                         help=f"seconds without progress before a deadlock is declared (default {HANG_SECONDS:g})")
     parser.add_argument("--worlds", type=lambda text: tuple(int(n) for n in text.split(",")), default=None,
                         help="comma-separated world sizes to run instead (e.g. 2,3)")
+    parser.add_argument("--html", metavar="FILE", default=None,
+                        help="also draw your run beside the reference's in FILE (collectives.viz.side_by_side; "
+                             "for exercises written against the door: " + ", ".join(HTML_COLLECTIVE) + ")")
+    parser.add_argument("--html-ranks", type=int, default=4, help="ranks in the drawing")
     args = parser.parse_args(argv)
+    if args.html and args.name not in HTML_COLLECTIVE:
+        parser.error(f"--html draws exercises written against the door ({', '.join(HTML_COLLECTIVE)}); "
+                     f"{args.name} runs in worlds of processes")
     if args.name in _numeric.NUMERIC:
         if args.answer is None:
             print(f"{args.name}: {_numeric.NUMERIC[args.name].question}\nAnswer with --answer NUMBER.")
@@ -690,6 +730,8 @@ def main(argv=None):
         return 0 if grade(args.name, args.answer).passed else 1
     verdict = grade(args.name, args.solution, quick=args.quick, hang_seconds=args.hang_seconds,
                     world_sizes=args.worlds)
+    if args.html:
+        print(draw(args.name, args.solution, args.html, args.html_ranks))
     return 0 if verdict.passed else 1
 
 
