@@ -79,7 +79,8 @@ def same_as_one_process(rank, world_size):
 
 def expected_traffic(n):
     """Chapter 20: the shape check (N-1 messages of 256 bytes), forward N-1 messages of (K, V) = 2c,
-    backward N-1 of (K, V, dK, dV) = 4c and one of (dK, dV) = 2c, c = B x heads x S/N x head_dim x e = B S H e / N; then the ring all_reduce of
+    backward N-1 of (K, V, dK, dV) = 4c and one of (dK, dV) = 2c, c = B x heads x S/N x head_dim x e
+    = B S H e / N; then the ring all_reduce of
     the P = 4H^2 + 4H replicated projection parameters, 2(N-1)/N x P e in 2(N-1) messages."""
     if n == 1:
         return 0, 0
@@ -119,7 +120,8 @@ def different_chunks(rank, world_size):
     """Each case: one rank's chunk differs (or is wrong on its own); every rank catches what it gets."""
     import time
     ok = torch.zeros(1, 2, 4, 8, dtype=torch.float64)
-    odd = {"length": torch.zeros(1, 2, 5, 8, dtype=torch.float64), "heads": torch.zeros(1, 3, 4, 8, dtype=torch.float64),
+    odd = {"length": torch.zeros(1, 2, 5, 8, dtype=torch.float64),
+           "heads": torch.zeros(1, 3, 4, 8, dtype=torch.float64),
            "head_dim": torch.zeros(1, 2, 4, 6, dtype=torch.float64), "dtype": ok.float()}
     out = {}
     for case in list(odd) + ["own"]:

@@ -35,7 +35,8 @@ equal, against 1F1B's 3(p-1)/(3m+3(p-1)) = (p-1)/(m+p-1). A stage holds at most 
 micro-batches' activations, like 1F1B's first stage (a pending W keeps its stage's
 input and output gradient). Messages: those of 1F1B (:func:`collectives.parallel.pipeline`).
 Before them, the step's check (:func:`collectives.parallel.pipeline.check_step`: 16 bytes
-to each neighbour, a bad step refused on every stage alike). Here ``W`` re-walks the stage's autograd graph for the weights (``torch.autograd.backward``
+to each neighbour, a bad step refused on every stage alike). Here ``W`` re-walks the
+stage's autograd graph for the weights (``torch.autograd.backward``
 with ``inputs=`` the parameters), so a stage of several layers recomputes the
 intermediate input-gradients once more; a stage of one layer pays nothing extra.
 

@@ -30,7 +30,8 @@ of the memory. Before the first all_gather of a block's forward, every rank's sh
 compared (:func:`collectives.parallel.shapes.same_shapes`: N-1 messages of 256 bytes), so a
 rank holding another shard (a longer sequence, another batch) makes every rank raise the
 same ValueError at once, instead of messages of two sizes that never pair; the layers
-after it receive shapes derived from that one input and are not checked again. The price: parameters that act on the sequence shards (LayerNorm,
+after it receive shapes derived from that one input and are not checked again.
+The price: parameters that act on the sequence shards (LayerNorm,
 the row-parallel bias) see only S/N positions, so their gradients are summed over
 the group once per step (:func:`reduce_replicated_grads`).
 
