@@ -54,7 +54,8 @@ def bubble_fraction(p, m, v):
 
 
 def cost(p, m, v, activation_bytes):
-    """Bytes and messages one rank sends per step (activations forward + gradients back).
+    """Bytes and messages one rank sends per step (activations forward + gradients back, and the
+    step's check: one 16-byte header to each neighbouring stage).
 
     Every virtual boundary but the model's ends carries one activation forward and one
     gradient back per micro-batch; a rank owns the outgoing side of v of them in each
