@@ -27,7 +27,9 @@ def test_memory_by_kind():
     c = Config(dp=2, tp=2, pp=2, cp=2)
     m = memory(MODEL, c)            # 16 micro-batches per replica, stage 0 holds p = 2 of them
     assert m["activations"] == 2 * block_activation_elements(1024, 1, 2048, 16, 8192, 2, True) * 12 * 2
-    assert memory(MODEL, Config(2, 2, 2, 2, recompute=True))["activations"] == 2 * (1024 * 2048 // 2) * 12 * 2
+    # recomputation: each layer's input for the micro-batches held, plus the layer being recomputed
+    assert memory(MODEL, Config(2, 2, 2, 2, recompute=True))["activations"] == \
+        2 * (1024 * 2048 // 2) * 12 * 2 + 2 * block_activation_elements(1024, 1, 2048, 16, 8192, 2, True)
 
 
 def test_communication_by_kind():

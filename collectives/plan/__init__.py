@@ -49,24 +49,43 @@ from ..parallel.recompute import block_activation_elements
 
 BYTES = 2                                   # bf16 activations, parameters, gradients
 OPTIMIZER_BYTES = 12                        # fp32 master weights and Adam's two moments
-KINDS = ("dp", "tp", "pp", "cp")
+KINDS = ("dp", "tp", "pp", "cp", "ep")
 
 
 @dataclass(frozen=True)
 class Model:
     """A GPT-like transformer: ``params`` parameters in ``layers`` blocks of width ``hidden``,
     ``heads`` heads (default hidden / 128, at least 1), MLP width 4 x hidden; a step trains on
-    ``batch`` sequences of ``seq`` tokens."""
+    ``batch`` sequences of ``seq`` tokens.
+
+    ``experts`` > 0 makes every block's MLP a mixture of that many experts, each token sent to
+    ``top_k`` of them (``params`` then counts one expert per layer: the dense model's size).
+    ``value_bytes`` (parameters, gradients, activations) and ``optimizer_bytes`` (state per
+    parameter) default to mixed precision with Adam, 2 and 12; a float32 run with plain Adam
+    is 4 and 8."""
     params: float
     layers: int
     hidden: int
     seq: int
     batch: int
     heads: int = 0
+    experts: int = 0
+    top_k: int = 1
+    value_bytes: int = BYTES
+    optimizer_bytes: int = OPTIMIZER_BYTES
 
     @property
     def a(self):
         return self.heads or max(1, self.hidden // 128)
+
+    @property
+    def ffn(self):
+        return 4 * self.hidden
+
+    @property
+    def expert_params(self):
+        """One expert (one MLP): Linear(H, F) and Linear(F, H) with their biases."""
+        return 2 * self.hidden * self.ffn + self.ffn + self.hidden
 
 
 @dataclass(frozen=True)
@@ -78,10 +97,11 @@ class Config:
     zero: int = 0
     recompute: bool = False
     micro_batch: int = 1
+    ep: int = 1
 
     def __str__(self):
-        return (f"DP{self.dp} TP{self.tp} PP{self.pp} CP{self.cp} ZeRO-{self.zero}"
-                f"{' recompute' if self.recompute else ''}")
+        return (f"DP{self.dp} TP{self.tp} PP{self.pp} CP{self.cp}{f' EP{self.ep}' if self.ep > 1 else ''} "
+                f"ZeRO-{self.zero}{' recompute' if self.recompute else ''}")
 
 
 def parse_model(text):
@@ -119,30 +139,57 @@ def check(model, config, ranks):
                          f"x micro-batch {c.micro_batch}")
     if c.zero not in (0, 1, 2, 3):
         raise ValueError(f"plan: the ZeRO stage must be 0-3, got {c.zero}")
+    if c.ep > 1 and not model.experts:
+        raise ValueError(f"plan: EP={c.ep} needs a mixture-of-experts model (--experts)")
+    if c.ep < 1 or c.dp % c.ep:
+        raise ValueError(f"plan: EP={c.ep} must divide DP={c.dp} (the experts are spread over data-parallel ranks)")
+    if model.experts % c.ep:
+        raise ValueError(f"plan: {model.experts} experts are not divisible by EP={c.ep}")
+    if model.experts and not 1 <= model.top_k <= model.experts:
+        raise ValueError(f"plan: top_k={model.top_k} must be between 1 and the {model.experts} experts")
 
 
 def micro_batches(model, config):
     return model.batch // (config.dp * config.micro_batch)
 
 
-def memory(model, config):
-    """Bytes per rank by kind: parameters, gradients, optimizer, activations."""
+def local_params(model, config):
+    """(dense, expert): the parameters one rank holds before ZeRO, and how many ranks share each
+    part's copies (the ZeRO and data-parallel group of each): (values, sharers) twice."""
     c = config
-    local = model.params / (c.tp * c.pp)
-    params = BYTES * local / (c.dp if c.zero >= 3 else 1)
-    grads = BYTES * local / (c.dp if c.zero >= 2 else 1)
-    optimizer = OPTIMIZER_BYTES * local / (c.dp if c.zero >= 1 else 1)
-    per_layer = block_activation_elements(model.seq // c.cp, c.micro_batch, model.hidden, model.a,
-                                          4 * model.hidden, c.tp, sequence_parallel=c.tp > 1,
-                                          recompute=c.recompute)
+    if not model.experts:
+        return (model.params / (c.tp * c.pp), c.dp), (0.0, 1)
+    expert = model.layers * model.expert_params         # one expert per layer is in ``params``
+    dense = (model.params - expert) / (c.tp * c.pp)
+    mine = expert * (model.experts // c.ep) / (c.tp * c.pp)
+    return (dense, c.dp), (mine, c.dp // c.ep)
+
+
+def memory(model, config):
+    """Bytes per rank by kind: parameters, gradients, optimizer, activations.
+
+    Parameters, gradients and optimizer state are what a rank keeps between steps (ZeRO-3's
+    gathered layer and ZeRO-2's whole gradient during backward are transient); activations
+    are the peak of what autograd keeps during the step: with recomputation each layer's input
+    plus the one layer being recomputed."""
+    c, e = config, model.value_bytes
+    params = grads = optimizer = 0.0
+    for values, sharers in local_params(model, c):
+        params += e * values / (sharers if c.zero >= 3 else 1)
+        grads += e * values / (sharers if c.zero >= 2 else 1)
+        optimizer += model.optimizer_bytes * values / (sharers if c.zero >= 1 else 1)
+    args = (model.seq // c.cp, c.micro_batch, model.hidden, model.a, model.ffn, c.tp, c.tp > 1)
+    per_layer = block_activation_elements(*args, recompute=c.recompute)
     held = min(c.pp, micro_batches(model, c))
-    activations = BYTES * per_layer * (model.layers // c.pp) * held
+    activations = e * per_layer * (model.layers // c.pp) * held
+    if c.recompute:     # backward runs one layer's forward again, keeping all of that layer
+        activations += e * block_activation_elements(*args)
     return dict(parameters=params, gradients=grads, optimizer=optimizer, activations=activations)
 
 
 def activation_bytes(model, config):
-    """A: one micro-batch's activation on one rank, S/c x b x H x 2 bytes."""
-    return model.seq // config.cp * config.micro_batch * model.hidden * BYTES
+    """A: one micro-batch's activation on one rank, S/c x b x H x e bytes."""
+    return model.seq // config.cp * config.micro_batch * model.hidden * model.value_bytes
 
 
 def calls(model, config):
@@ -151,14 +198,16 @@ def calls(model, config):
     a = activation_bytes(model, c)
     layers = model.layers // c.pp
     out = {kind: [] for kind in KINDS}
-    grad_bytes = BYTES * model.params / (c.tp * c.pp)
-    if c.dp > 1:
+    for values, sharers in local_params(model, c):
+        grad_bytes = model.value_bytes * values
+        if sharers < 2 or not values:
+            continue
         if c.zero >= 3:
-            out["dp"] = [("all_gather", c.dp, grad_bytes, 2), ("reduce_scatter", c.dp, grad_bytes, 1)]
-        elif c.zero == 2:
-            out["dp"] = [("reduce_scatter", c.dp, grad_bytes, 1), ("all_gather", c.dp, grad_bytes, 1)]
+            out["dp"] += [("all_gather", sharers, grad_bytes, 2), ("reduce_scatter", sharers, grad_bytes, 1)]
+        elif c.zero >= 1:
+            out["dp"] += [("reduce_scatter", sharers, grad_bytes, 1), ("all_gather", sharers, grad_bytes, 1)]
         else:
-            out["dp"] = [("all_reduce", c.dp, grad_bytes, 1)]
+            out["dp"] += [("all_reduce", sharers, grad_bytes, 1)]
     if c.tp > 1:
         per = (6 if c.recompute else 4) * layers * m
         out["tp"] = [("all_gather", c.tp, a, per), ("reduce_scatter", c.tp, a, per)]
@@ -168,6 +217,13 @@ def calls(model, config):
         k = a // c.tp
         out["cp"] = [("ring", c.cp, 2 * k, (c.cp - 1) * (3 if c.recompute else 2) * layers * m),
                      ("ring", c.cp, 4 * k, (c.cp - 1) * layers * m)]
+    if c.ep > 1:
+        # per MoE layer and micro-batch: dispatch and combine forward, both again backward (and
+        # forward once more with recomputation); the k copies of each token, routed evenly; the
+        # N counts (8 bytes each) exchanged by every forward
+        forwards = (2 if c.recompute else 1) * layers * m
+        out["ep"] = [("all_to_all", c.ep, model.top_k * a, 2 * forwards + 2 * layers * m),
+                     ("all_to_all", c.ep, 8 * c.ep, forwards)]
     return out
 
 
@@ -175,7 +231,7 @@ def _sent(collective, n, nbytes):
     """Bytes one rank sends in one call of the ring algorithm (``nbytes`` as nccl-tests counts it)."""
     if collective == "all_reduce":
         return 2 * (n - 1) / n * nbytes
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n * nbytes
     return nbytes                    # a point-to-point message, or one ring step
 
@@ -189,7 +245,7 @@ def communication(model, config):
 def stride(config, kind):
     """Distance between consecutive ranks of a ``kind`` group (TP innermost, then CP, DP, PP)."""
     c = config
-    return {"tp": 1, "cp": c.tp, "dp": c.tp * c.cp, "pp": c.tp * c.cp * c.dp}[kind]
+    return {"tp": 1, "cp": c.tp, "dp": c.tp * c.cp, "ep": c.tp * c.cp, "pp": c.tp * c.cp * c.dp}[kind]
 
 
 def group_topology(spec, k):
@@ -211,6 +267,9 @@ def step_time(model, config, topology, flops, simulate=None, cache=None):
     tokens = model.batch * model.seq
     work = (8 if c.recompute else 6) * model.params * tokens / (c.dp * c.tp * c.pp * c.cp)
     bubble = (c.pp - 1) / (m + c.pp - 1)
+    if model.experts:        # each token runs k experts' MLPs, not one
+        work += (8 if c.recompute else 6) * (model.top_k - 1) * model.layers * model.expert_params \
+            * tokens / (c.dp * c.tp * c.pp * c.cp)
     times = {"compute": work / flops / (1 - bubble)}
     for kind, items in calls(model, config).items():
         total = 0.0
@@ -237,7 +296,7 @@ def _ring_model(collective, n, nbytes, alpha, bandwidth):
 def _simulated(simulate, collective, n, nbytes, topo):
     """One call's simulated seconds; above SIM_RANKS, the simulation at SIM_RANKS scaled by the
     ring's alpha-beta model, n against SIM_RANKS, on the slowest link."""
-    algorithm = "linear" if collective == "broadcast" else "ring"
+    algorithm = {"broadcast": "linear", "all_to_all": "pairwise"}.get(collective, "ring")
     if n <= SIM_RANKS:
         return simulate(collective, algorithm, n, nbytes, topology=topo).time
     small = simulate(collective, algorithm, SIM_RANKS, nbytes, topology=topo).time
@@ -251,20 +310,22 @@ def divisors(n):
 
 
 def configurations(model, ranks, zero_stages=(0, 1, 2, 3), recompute=(False, True)):
-    """Every valid DP x TP x PP x CP = ranks, with each ZeRO stage and recomputation setting."""
+    """Every valid DP x TP x PP x CP = ranks (and EP dividing DP for a mixture of experts), with
+    each ZeRO stage and recomputation setting."""
     out = []
     for tp in divisors(ranks):
         for pp in divisors(ranks // tp):
             for cp in divisors(ranks // (tp * pp)):
                 dp = ranks // (tp * pp * cp)
-                for zero in zero_stages if dp > 1 else (0,):
-                    for r in recompute:
-                        config = Config(dp, tp, pp, cp, zero, r)
-                        try:
-                            check(model, config, ranks)
-                        except ValueError:
-                            continue
-                        out.append(config)
+                for ep in divisors(dp) if model.experts else (1,):
+                    for zero in zero_stages if dp > 1 else (0,):
+                        for r in recompute:
+                            config = Config(dp, tp, pp, cp, zero, r, ep=ep)
+                            try:
+                                check(model, config, ranks)
+                            except ValueError:
+                                continue
+                            out.append(config)
     return out
 
 
