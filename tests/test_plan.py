@@ -22,7 +22,7 @@ def test_memory_by_kind():
         m = memory(MODEL, Config(dp=4, tp=2, pp=1, cp=1, zero=zero))
         local = p / 2
         assert m["parameters"] == 2 * local / (4 if zero >= 3 else 1)
-        assert m["gradients"] == 2 * local / (4 if zero >= 2 else 1)
+        assert m["gradients"] == 2 * local * [1, 1 + 1 / 4, 1 / 4, 1 / 4][zero]
         assert m["optimizer"] == 12 * local / (4 if zero >= 1 else 1)
     c = Config(dp=2, tp=2, pp=2, cp=2)
     m = memory(MODEL, c)            # 16 micro-batches per replica, stage 0 holds p = 2 of them

@@ -176,7 +176,8 @@ def memory(model, config):
     params = grads = optimizer = 0.0
     for values, sharers in local_params(model, c):
         params += e * values / (sharers if c.zero >= 3 else 1)
-        grads += e * values / (sharers if c.zero >= 2 else 1)
+        # ZeRO-1 keeps the whole gradient and, for the optimizer, its reduced 1/d shard of it
+        grads += e * values * ({0: 1, 1: 1 + 1 / sharers}.get(c.zero) or 1 / sharers)
         optimizer += model.optimizer_bytes * values / (sharers if c.zero >= 1 else 1)
     args = (model.seq // c.cp, c.micro_batch, model.hidden, model.a, model.ffn, c.tp, c.tp > 1)
     per_layer = block_activation_elements(*args, recompute=c.recompute)
