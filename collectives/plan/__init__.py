@@ -3,44 +3,75 @@
 ``python -m collectives.plan --model PARAMS,LAYERS,HIDDEN,SEQ,BATCH --ranks N --topology PRESET``
 
 Semantics. A configuration is DP x TP x PP x CP = N (data, tensor, pipeline, context
-parallel degrees), a ZeRO stage (0-3) and recomputation (on or off). For each one the
-planner computes, per rank, from the formulas of chapters 10 and 16-21:
+parallel degrees), a ZeRO stage (0-3), recomputation (on or off) and, for a mixture of
+experts, an expert-parallel degree EP dividing DP (the experts spread over data-parallel
+ranks, as Megatron places them). For each one the planner computes, per rank, from the
+formulas of chapters 10 and 16-21:
 
-* **memory** by kind, mixed precision with Adam (ZeRO's accounting: 2 bytes of
-  parameter, 2 of gradient, 12 of optimizer state (fp32 master, two moments) per
-  parameter): parameters ``2P/(t p)`` (/d with ZeRO-3), gradients ``2P/(t p)`` (/d
-  with ZeRO-2 and 3), optimizer ``12P/(t p)`` (/d with ZeRO-1 and up), and
-  activations: :func:`collectives.parallel.recompute.block_activation_elements` x 2
-  bytes for each of the stage's L/p layers, for the micro-batches 1F1B's first stage
-  holds at once (min(p, m)), sequence parallelism on whenever t > 1, the sequence
-  S/c per rank;
+* **memory** by kind, mixed precision with Adam by default (ZeRO's accounting: e = 2 bytes
+  of parameter, 2 of gradient, 12 of optimizer state (fp32 master, two moments) per
+  parameter; ``Model.value_bytes`` and ``optimizer_bytes`` change them): parameters
+  ``eP/(t p)`` (/d with ZeRO-3), gradients ``eP/(t p)`` (x (1 + 1/d) with ZeRO-1: the
+  reduced shard the optimizer steps on as well; /d with ZeRO-2 and 3), optimizer
+  ``12P/(t p)`` (/d with ZeRO-1 and up); and activations, the peak autograd holds:
+  :func:`collectives.parallel.recompute.block_activation_elements` x e for each of the
+  stage's L/p layers, for the micro-batches 1F1B's first stage holds at once (min(p, m)),
+  sequence parallelism on whenever t > 1, the sequence S/c per rank; with recomputation
+  each layer's input, plus all of the one layer backward is recomputing;
+* **experts**: with E experts per layer (``params`` counting one, so that P stays the
+  dense model's size) a rank holds E/EP experts per layer of its stage; their copies are
+  shared by DP/EP ranks, so ZeRO shards them and their gradients are reduced over DP/EP
+  ranks, the dense rest over DP;
 * **communication** per step by kind, bytes one rank sends with the ring algorithms:
-  DP ``2(d-1)/d`` x its gradient bytes (ZeRO-3: ``3(d-1)/d`` x its parameter bytes);
-  TP ``8(t-1)/t`` x A per layer and micro-batch (4 all-gathers and 4 reduce-scatters
-  of A = S/c x b x H x 2 bytes; 12 with recomputation, the forward's again); PP 2A per
+  DP ``2(d-1)/d`` x its gradient bytes (ZeRO-1 and 2 as a reduce-scatter and an
+  all-gather, the same bytes; ZeRO-3: ``3(d-1)/d`` x its parameter bytes); TP
+  ``8(t-1)/t`` x A per layer and micro-batch (4 all-gathers and 4 reduce-scatters of A =
+  S/c x b x H x e bytes; 12 with recomputation, the forward's again); PP 2A per
   micro-batch (an activation forward, a gradient back); CP the ring attention's
-  ``(c-1) 6k + 2k`` per layer and micro-batch (k = one K chunk, A/t bytes);
+  ``(c-1) 6k + 2k`` per layer and micro-batch (k = one K chunk, A/t bytes); EP four
+  all_to_alls of the k copies of each token per layer and micro-batch (dispatch and
+  combine, forward and backward; six with recomputation), ``(EP-1)/EP x k A`` each when
+  the router spreads tokens evenly, plus the 8-byte counts of each forward
+  (:mod:`collectives.parallel.moe`'s bytes);
 * **step time**: compute ``6 P T / (N F)`` (T tokens per step, F the device's
-  FLOP/s; ``8 P T`` with recomputation: one more forward) stretched by the pipeline's
+  FLOP/s; ``8 P T`` with recomputation: one more forward; each token's k-1 further experts
+  added) stretched by the pipeline's
   bubble ``1 / (1 - (p-1)/(m+p-1))``, plus every collective's time *as the simulator
   gives it* (:func:`collectives.sim.simulate`) on the topology, each group placed
-  where Megatron's order puts it (TP innermost, then CP, DP, PP outermost: a group
-  of stride k has ``ranks_per_node // k`` of its ranks on one node; a group of more than
-  256 ranks is simulated at 256 and scaled by the ring's alpha-beta model). No overlap of
+  where Megatron's order puts it (TP innermost, then CP, EP within DP, PP outermost: a
+  group of stride k has ``ranks_per_node // k`` of its ranks on one node; a group of more
+  than 256 ranks is simulated at 256 and scaled by the ring's alpha-beta model). No overlap of
   communication with compute is assumed: the time is an upper bound for a
   well-overlapped implementation, and a fair one for this library's.
+
+Checked against runs by ``python -m benchmarks.plan_check`` (11 configurations trained
+on 4 gloo ranks: memory by kind measured/planned, the ranking of step times; figures in
+docs/benchmarks.md) and ``tests/test_plan_check.py``; the expert figures against
+:class:`collectives.parallel.moe.MoE`'s counted bytes in ``tests/test_plan.py``.
 
 A configuration is feasible when its memory fits ``--memory`` bytes per rank; the
 feasible ones are printed fastest first.
 
 What it cannot know: the kernels' real speed (F is one number for every matrix size),
 stragglers and noisy neighbours, the overlap a real framework achieves, load imbalance
-between pipeline stages (embedding, loss), memory fragmentation and the framework's own
-buffers. Chapter 23 walks through these.
+between pipeline stages (embedding, loss) and between experts (the router's choices),
+the activations of routing (the dispatched copies), memory fragmentation and the
+framework's own buffers. Chapter 23 walks through these.
 
 Bad input raises before anything is simulated: a configuration whose product is not
 N, layers not divisible by the pipeline stages, heads or hidden not divisible by TP,
-a sequence not divisible by 2 x CP (zig-zag).
+a sequence not divisible by 2 x CP (zig-zag), EP not dividing DP or the experts.
+
+Worked example, 4 ranks: a 4-layer model of hidden 128 (P = 793,088, float32, Adam:
+value_bytes 4, optimizer_bytes 8), 8 sequences of 32 tokens, as DP2 x TP2: parameters
+4 P/2 = 1,586,176 bytes, gradients the same, optimizer 8 P/2 = 3,172,352; activations 4
+layers x one micro-batch x (8x32x128 + 2x32x512 + 32x4 + 4x32)/2 x 4 bytes = 4 x 32,896 x 4
+= 526,336 bytes; the data-parallel all-reduce sends 2 (2-1)/2 x 1,586,176 bytes per step.
+
+Reference: V. Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models", 2023 (activations); S. Rajbhandari et al., "ZeRO", SC 2020 (memory); D. Narayanan
+et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+SC 2021 (the layout and its costs); the Ultra-Scale Playbook (Hugging Face, 2025).
 """
 import math
 from dataclasses import dataclass
