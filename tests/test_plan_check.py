@@ -39,3 +39,30 @@ def test_peak_counts_a_storage_once_and_lets_it_go():
     assert peak.now == 400          # mul's saved x let go; exp's output still held
     z.backward()
     assert peak.now == 0 and peak.peak == 800
+
+
+def recompute_peaks(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    from benchmarks.plan_check import Checkpointed
+    from collectives.parallel.tensor_parallel import Block, ParallelBlock
+    group = dist.new_group([0])
+    peaks = []
+    for layers in (1, 2, 3):
+        torch.manual_seed(0)
+        module = Checkpointed([ParallelBlock(Block(64, 4, 256), group) for _ in range(layers)])
+        params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        x = torch.randn(16, 1, 64, requires_grad=True)
+        peak = PeakSaved(lambda: params)
+        with peak.hooks():
+            module(x).sum().backward()       # sum saves nothing: the blocks' bytes alone
+        peaks.append(peak.peak)
+    return peaks
+
+
+def test_recomputation_peak_is_the_inputs_plus_one_layer():
+    peaks = run_world(recompute_peaks, 1, timeout=120)[0]
+    for layers, peak in zip((1, 2, 3), peaks):
+        model = model_of(layers, 64, 4, 16, 1)
+        assert peak == memory(model, Config(1, 1, 1, 1, recompute=True))["activations"], (layers, peak)

@@ -17,7 +17,7 @@ formulas of chapters 10 and 16-21:
   :func:`collectives.parallel.recompute.block_activation_elements` x e for each of the
   stage's L/p layers, for the micro-batches 1F1B's first stage holds at once (min(p, m)),
   sequence parallelism on whenever t > 1, the sequence S/c per rank; with recomputation
-  each layer's input, plus all of the one layer backward is recomputing;
+  each layer's input, plus the rest of the one layer backward is recomputing;
 * **experts**: with E experts per layer (``params`` counting one, so that P stays the
   dense model's size) a rank holds E/EP experts per layer of its stage; their copies are
   shared by DP/EP ranks, so ZeRO shards them and their gradients are reduced over DP/EP
@@ -214,8 +214,8 @@ def memory(model, config):
     per_layer = block_activation_elements(*args, recompute=c.recompute)
     held = min(c.pp, micro_batches(model, c))
     activations = e * per_layer * (model.layers // c.pp) * held
-    if c.recompute:     # backward runs one layer's forward again, keeping all of that layer
-        activations += e * block_activation_elements(*args)
+    if c.recompute:     # backward runs one layer's forward again, keeping all of that layer (its input is kept already)
+        activations += e * (block_activation_elements(*args) - per_layer)
     return dict(parameters=params, gradients=grads, optimizer=optimizer, activations=activations)
 
 
