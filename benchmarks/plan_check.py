@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m benchmarks.plan_check                  # 4 gloo ranks, 11 configurations, 3 timed steps each
-    python -m benchmarks.plan_check --steps 5 --hidden 128
+    python -m benchmarks.plan_check                  # 4 gloo ranks, 11 configurations, 5 timed steps each
+    python -m benchmarks.plan_check --steps 9 --hidden 256
 
 A small transformer (``--layers`` pre-LayerNorm blocks of width ``--hidden``, ``--heads``
 heads, MLP 4 x hidden; ``--batch`` sequences of ``--seq`` tokens per step, float32, Adam)
@@ -24,7 +24,8 @@ For each configuration it prints, per rank the largest of the N ranks:
   step (every tensor packed for backward, by its storage, counted from packing until
   autograd lets it go; parameters and FSDP's gathered layers left out). The planner is
   :func:`collectives.plan.memory` with ``value_bytes=4, optimizer_bytes=8``;
-* the step time, measured (median of ``--steps``, the slowest rank) and the planner's
+* the step time, measured (median of ``--steps`` rounds, each a step of every configuration
+  in turn so that the machine's changing load falls on all alike; the slowest rank) and the planner's
   :func:`collectives.plan.step_time` on the ``local`` topology (this machine's fitted
   figures) with the FLOP/s each rank sustains measured in the same run (every rank
   training the whole model alone at once, as the ranks share the cores in the runs);
@@ -220,18 +221,20 @@ def worker(rank, world, dims, steps, configs):
     torch.set_num_threads(1)
     # every rank creates every group of every configuration, in order
     flops = flops_alone(dims, steps)
-    rows = []
-    for config in configs:
-        step, held, skip = build(config, dims, rank, world)
-        times, peak = [], None
-        for i in range(steps + 1):
+    built = [build(config, dims, rank, world) for config in configs]
+    times, peaks = [[] for _ in configs], [0] * len(configs)
+    # round-robin: a step of every configuration per round, so that a change in the machine's
+    # load (other programs) falls on all of them alike; the first round warms up
+    for _ in range(steps + 1):
+        for i, (step, _, skip) in enumerate(built):
             peak = PeakSaved(skip)
             dist.barrier()
             start = time.perf_counter()
             step(peak)
-            times.append(time.perf_counter() - start)
-        rows.append(dict(held(), activations=peak.peak, time=statistics.median(times[1:])))
-    return flops, rows
+            times[i].append(time.perf_counter() - start)
+            peaks[i] = peak.peak
+    return flops, [dict(held(), activations=peaks[i], time=statistics.median(times[i][1:]))
+                   for i, (_, held, _) in enumerate(built)]
 
 
 def pairs_agreeing(planned, measured):
@@ -264,7 +267,7 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5)
     p.add_argument("--topology", default="local")
     args = p.parse_args(argv)
     if args.world_size != 4:
