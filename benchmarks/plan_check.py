@@ -237,14 +237,18 @@ def worker(rank, world, dims, steps, configs):
                    for i, (_, held, _) in enumerate(built)]
 
 
-def pairs_agreeing(planned, measured):
-    """The share of pairs (i, j) that both orderings put the same way round."""
+def pairs_agreeing(planned, measured, tie=0.01):
+    """(agreeing, pairs): of the pairs (i, j) whose planned times differ by more than ``tie``
+    (relative; the planner gives ZeRO-0, 1 and 2 the same time: it has no order for them),
+    how many the measurement puts the same way round."""
     n, same, total = len(planned), 0, 0
     for i in range(n):
         for j in range(i + 1, n):
+            if abs(planned[i] - planned[j]) <= tie * max(planned[i], planned[j]):
+                continue
             total += 1
             same += (planned[i] - planned[j]) * (measured[i] - measured[j]) > 0
-    return same / total if total else 1.0
+    return same, total
 
 
 def measure(world, dims, steps=3, configs=CONFIGS, timeout=600):
@@ -294,8 +298,12 @@ def main(argv=None):
         print(f"# {k}: measured/planned {min(ratios[k]):.3f} to {max(ratios[k]):.3f}")
     total = [sum(r[k] for k in KINDS) / sum(memory(model, c).values()) for c, r in zip(CONFIGS, rows)]
     print(f"# total memory: measured/planned {min(total):.3f} to {max(total):.3f}")
-    print(f"# step-time ranking: {pairs_agreeing(planned_t, measured_t):.0%} of "
-          f"{len(CONFIGS) * (len(CONFIGS) - 1) // 2} pairs in the same order")
+    same, pairs = pairs_agreeing(planned_t, measured_t)
+    print(f"# step-time ranking: {same} of the {pairs} pairs the planner orders (of "
+          f"{len(CONFIGS) * (len(CONFIGS) - 1) // 2}; the others it ties within 1%) in the same order: "
+          f"{same / pairs:.0%} (goal: >= 80%)")
+    print(f"# measured/planned step time: {min(m / p for m, p in zip(measured_t, planned_t)):.2f} to "
+          f"{max(m / p for m, p in zip(measured_t, planned_t)):.2f}")
     return 0
 
 

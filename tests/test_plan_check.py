@@ -8,7 +8,7 @@ rank holds whole, Adam's step counters); the peak of activation bytes autograd h
 10% (the loss's saved tensors, which the planner leaves out). No timing is asserted.
 """
 from benchmarks.plan_check import KINDS, PeakSaved, model_of, worker
-from collectives.plan import Config, memory
+from collectives.plan import Config, communication, memory
 from tests.worlds import run_world
 
 DIMS = (2, 32, 4, 8, 4)        # layers, hidden, heads, sequence, batch
@@ -66,3 +66,31 @@ def test_recomputation_peak_is_the_inputs_plus_one_layer():
     for layers, peak in zip((1, 2, 3), peaks):
         model = model_of(layers, 64, 4, 16, 1)
         assert peak == memory(model, Config(1, 1, 1, 1, recompute=True))["activations"], (layers, peak)
+
+
+def tensor_parallel_traffic(rank, world_size):
+    import torch
+
+    import collectives
+    from benchmarks.plan_check import Checkpointed
+    from collectives.parallel.tensor_parallel import Block, ParallelBlock
+    sent = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        block = ParallelBlock(Block(16, 2, 64), None, "regather")
+        module = Checkpointed([block]) if recompute else block
+        x = torch.randn(8, 1, 16)[rank * 4:(rank + 1) * 4].clone().requires_grad_()
+        with collectives.count_traffic() as traffic:
+            module(x).sum().backward()
+        sent.append(traffic.sent_bytes)
+    return sent
+
+
+def test_tensor_parallel_bytes_match_a_real_block():
+    """One block with sequence parallelism ("regather") on 2 ranks, forward and backward, with and
+    without recomputation: the bytes a rank sends are the planner's TP bytes for one layer."""
+    per_rank = run_world(tensor_parallel_traffic, 2, timeout=120)
+    model = model_of(1, 16, 2, 8, 1)
+    for recompute, *sent in zip((False, True), *per_rank):
+        planned = communication(model, Config(1, 2, 1, 1, recompute=recompute))["tp"]
+        assert set(sent) == {planned}, f"recompute={recompute}: sent {sent} B, planned {planned} B"

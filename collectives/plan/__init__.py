@@ -25,8 +25,10 @@ formulas of chapters 10 and 16-21:
 * **communication** per step by kind, bytes one rank sends with the ring algorithms:
   DP ``2(d-1)/d`` x its gradient bytes (ZeRO-1 and 2 as a reduce-scatter and an
   all-gather, the same bytes; ZeRO-3: ``3(d-1)/d`` x its parameter bytes); TP
-  ``8(t-1)/t`` x A per layer and micro-batch (4 all-gathers and 4 reduce-scatters of A =
-  S/c x b x H x e bytes; 12 with recomputation, the forward's again); PP 2A per
+  ``10(t-1)/t`` x A per layer and micro-batch (sequence parallelism as
+  ``ParallelBlock(sequence_parallel="regather")`` runs it: 6 all-gathers, the backward's 2
+  gathering the inputs again, and 4 reduce-scatters of A = S/c x b x H x e bytes; 14 with
+  recomputation, the forward's 2 + 2 again); PP 2A per
   micro-batch (an activation forward, a gradient back); CP the ring attention's
   ``(c-1) 6k + 2k`` per layer and micro-batch (k = one K chunk, A/t bytes); EP four
   all_to_alls of the k copies of each token per layer and micro-batch (dispatch and
@@ -241,8 +243,13 @@ def calls(model, config):
         else:
             out["dp"] += [("all_reduce", sharers, grad_bytes, 1)]
     if c.tp > 1:
-        per = (6 if c.recompute else 4) * layers * m
-        out["tp"] = [("all_gather", c.tp, a, per), ("reduce_scatter", c.tp, a, per)]
+        # per layer: forward gathers before the two column-parallel linears and scatters after the
+        # two row-parallel ones; backward gathers again (the inputs are not kept), and each
+        # collective's gradient is the other: 6 all-gathers, 4 reduce-scatters; recomputation
+        # runs the forward's 2 + 2 once more
+        per = layers * m
+        out["tp"] = [("all_gather", c.tp, a, (8 if c.recompute else 6) * per),
+                     ("reduce_scatter", c.tp, a, (6 if c.recompute else 4) * per)]
     if c.pp > 1:
         out["pp"] = [("send", 2, a, 2 * m)]
     if c.cp > 1:
