@@ -145,3 +145,13 @@ def test_expert_memory_and_gradient_groups():
     configs = configurations(moe, 8)
     assert {c.ep for c in configs} == {1, 2, 4, 8}
     assert all(c.dp % c.ep == 0 for c in configs)
+
+
+def test_cli_plans_experts_and_refuses_ep_on_a_dense_model(capsys):
+    assert main(["--model", "1.2e9,24,2048,2048,64", "--experts", "8", "--top-k", "2", "--ranks", "8",
+                 "--config", "8,1,1,1,4", "--zero", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "8 experts top-2" in out and "DP8 TP1 PP1 CP1 EP4 ZeRO-1" in out and "ep GB" in out
+    with pytest.raises(SystemExit):
+        main(["--model", "1.2e9,24,2048,2048,64", "--ranks", "8", "--config", "8,1,1,1,4"])
+    assert "needs a mixture-of-experts model" in capsys.readouterr().err
