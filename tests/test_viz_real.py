@@ -70,3 +70,20 @@ def test_bad_input_to_a_real_run_is_refused_before_any_process_starts(capsys):
     assert cli.main(["all_reduce", "--function", "x.py:f", "--real", "-n", "2"]) == 2
     assert cli.main(["pipeline", "--real", "-n", "2"]) == 2
     assert "--real" in capsys.readouterr().err
+
+
+def test_a_browser_shows_a_real_runs_own_counts_and_a_measured_clock(tmp_path):
+    from tests.test_viz_browser import BROWSER, chromium, table
+    if BROWSER is None:
+        pytest.skip("no Chromium (apt-get install chromium)")
+    from collectives.viz import render
+    n = 4
+    rec = record.record_real("all_reduce", "recursive_doubling", n, timeout=TIMEOUT)
+    d = model.build(rec)
+    path = render.write(d, tmp_path / "real.html")
+    last = len(d["steps"])
+    dom = chromium("--dump-dom", f"file://{path}#frame={last}")
+    assert f'data-frame="{last}"' in dom
+    # each rank's count_traffic, counted in its own process during the real run
+    assert [[int(x) for x in row[1:]] for row in table(dom, "counters")] == rec["traffic"]
+    assert "Measured time" in dom

@@ -374,13 +374,14 @@ def _real_rank(rank, n, collective, name, root, mode):
     seen = observers.Trace()
     dist.barrier()       # the ranks start together, so one clock (time.time, one host) serves all
     clock.t0 = time.time()
-    with observers.observing(seen):
+    with observers.observing(seen), observers.count_traffic() as counted:
         if n == 1:
             local(collective, args)
         else:
             fn(comm, *args)
     ended = time.time()
-    mine = dict(t0=clock.t0, end=ended, sent=comm.sent, received=comm.received,
+    mine = dict(t0=clock.t0, end=ended, traffic=[counted.sent_bytes, counted.recv_bytes, counted.sent_messages,
+                                                 counted.recv_messages], sent=comm.sent, received=comm.received,
                 messages=[(m.kind, m.src, m.dst, m.step, m.nbytes, m.start, m.end) for m in seen.messages],
                 snapshots=clock.snapshots[rank], final=[int(x) for t in outs for x in t.tolist()], want=expect,
                 notes=[(t, r, _cell(acc, outs), [i for i, b in enumerate(both.tolist()) if b], s, v.tolist())
@@ -400,6 +401,8 @@ def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT)
     them. A message's ``start`` is the later of its two posts and its ``end`` the later of the
     two sides' completions, in seconds of wall clock after the ranks left a barrier together:
     the page's time axis is measured, not simulated (``clock="measured"``).
+    ``traffic`` holds each rank's own ``count_traffic`` figures, counted in its process
+    (sent bytes, received bytes, sent messages, received messages).
 
     Raises:
         ValueError: unknown collective or algorithm (only registered names run in processes),
@@ -454,6 +457,6 @@ def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT)
     return dict(kind="collective", collective=collective, algorithm=name, n=n, root=root, mode=mode,
                 topology=spec, fabric=fabric, messages=messages, snapshots=snapshots,
                 final=[got["final"] for got in ranks], want=[got["want"] for got in ranks], notes=notes,
-                failure=None, clock="measured",
+                failure=None, clock="measured", traffic=[got["traffic"] for got in ranks],
                 title=f"{collective} / {name} on {n} ranks: a real run (gloo, {n} processes on one host)",
                 time=max([got["end"] - t0 for got in ranks] + [m["end"] for m in messages] + [0.0]))
