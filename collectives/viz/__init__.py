@@ -6,6 +6,9 @@ bytes per rank and per link, the simulated time axis, the topology, the wait-for
 deadlock, the first chunk of a wrong result, predict-then-reveal questions) is computed from
 that run, never drawn by hand. One file, no network: open it from disk.
 
+:func:`record_real` (``python -m collectives.viz ... --real``) runs the same algorithm in real
+processes instead (gloo, one host): the same messages, their times measured, the same page.
+
 * :mod:`.record`: the run, with provenance encoded in the values themselves;
 * :mod:`.model`: frames, counters, links, the first wrong chunk;
 * :mod:`.schedules`: the parallelisms' schedules (pipeline GPipe and 1F1B, FSDP, ring
@@ -20,7 +23,7 @@ Example::
     >>> viz.show("all_reduce", "ring", 4)                          # inline, in a notebook
 """
 from . import model, record as _record, render
-from .record import MAX_MESSAGES, MAX_RANKS, TooLarge
+from .record import MAX_MESSAGES, MAX_RANKS, TooLarge, record_real  # noqa: F401 (record_real: a real run)
 
 
 def data(collective, algorithm, world_size, topology="ethernet-100g", root=0):

@@ -7,10 +7,12 @@ Usage::
     python -m collectives.viz pipeline 1f1b -n 4 --micro-batches 8 -o 1f1b.html
     python -m collectives.viz fsdp -n 4 -o fsdp.html       # also moe, ring_attention
     python -m collectives.viz --all -n 2,5,8 -o pages/      # every algorithm at each N
+    python -m collectives.viz all_reduce ring -n 4 --real  # a real run: 4 gloo processes, measured time
 
 Exit status (as ``python -m collectives.sim``'s): 0; 1 for a wrong result and 3 for a deadlock,
 each drawn (the page is the report; its path and the finding are printed); 2 for bad input (an
-unknown algorithm, N < 1, a run too large to draw), said in one line and nothing written.
+unknown algorithm, N < 1, a run too large to draw), said in one line and nothing written. A
+``--real`` run whose world hangs (killed at its timeout) or whose rank fails exits 1, nothing written.
 """
 import argparse
 import sys
@@ -32,11 +34,16 @@ def parser():
     p.add_argument("--topology", default="ethernet-100g", help="ethernet-100g, h100-cluster, fat-tree or a JSON file")
     p.add_argument("--root", type=int, default=0)
     p.add_argument("--micro-batches", type=int, default=8, help="pipeline: micro-batches (default 8)")
+    p.add_argument("--real", action="store_true",
+                   help="run a registered algorithm in real processes (gloo, one host, N <= 15) instead of the "
+                        "simulator: the page's messages and times are measured")
     p.add_argument("--all", action="store_true", help="every algorithm of every collective at each --world-size")
     return p
 
 
 def build(args, n):
+    if args.real and args.what not in REGISTRY:
+        raise ValueError(f"--real draws one collective call ({', '.join(REGISTRY)}), not {args.what!r}")
     if args.what == "pipeline":
         return schedules.pipeline(n, args.micro_batches, args.algorithm or "1f1b")
     if args.what in schedules.PARALLELISMS:
@@ -45,6 +52,10 @@ def build(args, n):
         raise ValueError(f"unknown collective {args.what!r}; known: {', '.join(REGISTRY)}, pipeline, "
                          f"{', '.join(schedules.PARALLELISMS)}")
     algorithm = args.algorithm or next(iter(REGISTRY[args.what]))
+    if args.real:
+        if args.function:
+            raise ValueError("--real runs registered algorithms only; --function draws yours on the simulator")
+        return model.build(record.record_real(args.what, algorithm, n, args.root))
     if args.function:
         from ..sim.cli import load_function
         algorithm = load_function(args.function, args.what)
@@ -71,6 +82,8 @@ def main(argv=None):
         print(f"collectives.viz: -n must be 1 or more, got {args.world_size!r}", file=sys.stderr)
         return 2
     try:
+        if args.all and args.real:
+            raise ValueError("--real draws one run; --all draws every algorithm on the simulator")
         if args.all:
             out = Path(args.output or "viz_pages")
             out.mkdir(parents=True, exist_ok=True)
@@ -93,6 +106,9 @@ def main(argv=None):
     except (ValueError, record.TooLarge) as exc:
         print(f"collectives.viz: {exc}", file=sys.stderr)
         return 2
+    except (TimeoutError, RuntimeError) as exc:     # a real run that hung or whose rank failed
+        print(f"collectives.viz: the real run failed, nothing written: {exc}", file=sys.stderr)
+        return 1
     path = args.output or f"{args.what}_{d.get('algorithm') or args.algorithm or 'page'}_{sizes[0]}.html"
     render.write(d, path)
     report(d, path)

@@ -132,13 +132,16 @@ def build(rec):
     from .record import STRIDE
     names = rec.get("names")
     labels = [f"{names[s // STRIDE]}, step {s % STRIDE}" if names else str(s) for s in steps]
+    clock = rec.get("clock", "simulated")     # "measured": record.record_real's processes
     title = rec.get("title") or f"{rec['collective']} / {rec['algorithm']} on {n} ranks"
     data = dict(kind="collective", title=title, labels=labels,
                 collective=rec["collective"], algorithm=rec["algorithm"], n=n, root=rec["root"], mode=rec["mode"],
-                topology=dict(kind=rec["topology"]["kind"], text=fabric.describe(),
+                topology=dict(kind=rec["topology"]["kind"], text=fabric.describe() if clock == "simulated" else
+                              f"measured: {n} gloo processes on one host, one thread each; the time axis is "
+                              f"wall-clock microseconds after the ranks left a barrier together",
                               per=rec["topology"].get("ranks_per_node") or rec["topology"].get("ranks_per_leaf") or n),
                 steps=steps, provs=provs, init=init, changes=changes, msgs=msgs, links=links, time=rec["time"],
-                failure=rec["failure"], wrong=None, summary=rec["mode"] is None)
+                failure=rec["failure"], wrong=None, summary=rec["mode"] is None, clock=clock)
     data["wrong"] = _wrong(rec, steps, index, dec)
     data["questions"] = collective_questions(data)
     if rec["failure"] and rec["failure"]["kind"] == "deadlock":

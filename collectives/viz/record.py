@@ -306,3 +306,157 @@ def record_program(title, world_size, calls, topology="ethernet-100g", names=Non
                        for t, r, acc, both, s, v in notes],
                 failure=failure, names=names,
                 time=max([r.end_time for r in world.ranks] + [m["end"] for m in world.done] + [0.0]))
+
+
+# ---- the same recording from a real run: processes, gloo, the real door --------------------
+
+REAL_RANKS = 15          # nibbles only: a real run's page always draws its chunks
+REAL_TIMEOUT = 120.0     # seconds before the world is killed (a wrong algorithm may hang)
+
+
+class _Clock:
+    """What :class:`Provenance` reads of a world, for one real rank: the time since the call
+    began (seconds, wall clock) and the rank's snapshots so far."""
+
+    def __init__(self, rank, n):
+        self.rank, self.t0 = rank, None
+        self.snapshots = [[] for _ in range(n)]
+
+    @property
+    def now(self):
+        import time
+        return time.time() - self.t0
+
+
+def _cell(tensor, outs):
+    """The first cell of the outputs ``tensor`` lies in (cells numbered across ``outs``), or None."""
+    where = _where(tensor, outs)
+    return None if where is None else sum(o.numel() for o in outs[:where[0]]) + where[1]
+
+
+def _recording_comm(*args, clock, outs, **kwargs):
+    """A real door (:class:`collectives.p2p_communications.Comm`) that notes, before each post,
+    the rank's buffers and what each message carries; the door itself still moves every byte.
+    Built in the worker, so the door's module is imported only where a real run happens."""
+    from ..p2p_communications import Comm
+
+    class RecordingComm(Comm):
+        def post(self, step, sends=(), recvs=(), tagged=True):
+            state = [int(x) for t in outs for x in t.tolist()]
+            clock.snapshots[self.rank].append((clock.now, step, state))
+            for t, peer in sends:
+                if t.numel():    # the door skips empty tensors: both sides know the sizes
+                    cell = _cell(t, outs)
+                    self.sent.append((step, peer, cell, t.numel(), [int(x) for x in t.reshape(-1).tolist()]))
+            for t, peer in recvs:
+                if t.numel():
+                    cell = _cell(t, outs)
+                    self.received.append((step, peer, cell))
+            return super().post(step, sends, recvs, tagged)
+
+    comm = RecordingComm(*args, **kwargs)
+    comm.sent, comm.received = [], []
+    return comm
+
+
+def _real_rank(rank, n, collective, name, root, mode):
+    """One rank of :func:`record_real`: run the algorithm once on the real door, watched, and
+    gather what it saw to rank 0."""
+    import time
+
+    import torch.distributed as dist
+    fn = REGISTRY[collective][name]
+    args, outs, expect = inputs(collective, rank, n, root, mode, "cpu")
+    clock, notes = _Clock(rank, n), []
+    comm = _recording_comm(None, collective, name, clock=clock, outs=outs)
+    if collective in REDUCING:
+        args.append(Provenance(mode, clock, rank, notes))
+    seen = observers.Trace()
+    dist.barrier()       # the ranks start together, so one clock (time.time, one host) serves all
+    clock.t0 = time.time()
+    with observers.observing(seen), observers.count_traffic() as counted:
+        if n == 1:
+            local(collective, args)
+        else:
+            fn(comm, *args)
+    ended = time.time()
+    mine = dict(t0=clock.t0, end=ended, traffic=[counted.sent_bytes, counted.recv_bytes, counted.sent_messages,
+                                                 counted.recv_messages], sent=comm.sent, received=comm.received,
+                messages=[(m.kind, m.src, m.dst, m.step, m.nbytes, m.start, m.end) for m in seen.messages],
+                snapshots=clock.snapshots[rank], final=[int(x) for t in outs for x in t.tolist()], want=expect,
+                notes=[(t, r, _cell(acc, outs), [i for i, b in enumerate(both.tolist()) if b], s, v.tolist())
+                       for t, r, acc, both, s, v in notes])
+    everyone = [None] * n if rank == 0 else None
+    dist.gather_object(mine, everyone, dst=0)
+    return everyone
+
+
+def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT):
+    """Run ``algorithm`` of ``collective`` in a real world of ``world_size`` processes (gloo, one
+    host, one thread each) with :func:`record`'s provenance inputs, and return the run in
+    :func:`record`'s shape, so :func:`collectives.viz.model.build` draws it the same way.
+
+    Each rank watches its own door (a :class:`collectives.observers.Trace` for the door's own
+    messages and times, and what each post carried, read before the post); rank 0 gathers
+    them. A message's ``start`` is the later of its two posts and its ``end`` the later of the
+    two sides' completions, in seconds of wall clock after the ranks left a barrier together:
+    the page's time axis is measured, not simulated (``clock="measured"``).
+    ``traffic`` holds each rank's own ``count_traffic`` figures, counted in its process
+    (sent bytes, received bytes, sent messages, received messages).
+
+    Raises:
+        ValueError: unknown collective or algorithm (only registered names run in processes),
+            ``world_size`` < 1 or above :data:`REAL_RANKS`, root out of range.
+        TimeoutError: the world did not finish within ``timeout`` seconds (every process killed).
+    """
+    name, fn = resolve_algorithm(collective, algorithm)
+    if callable(algorithm):
+        raise ValueError("record_real runs registered algorithms only (a function is sent to the "
+                         "processes by name); record() draws your own function on the simulator")
+    n = world_size
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, got {n!r}")
+    if n > REAL_RANKS:
+        raise TooLarge(f"world_size {n}: a real run is drawn with its chunks, so at most {REAL_RANKS} "
+                       f"processes; record() draws larger worlds on the simulator")
+    if collective in ROOTED and not 0 <= root < n:
+        raise ValueError(f"root={root} is out of range for {n} ranks")
+    from ..tools.launch import run_in_group
+    spec = topologies.load("ethernet-100g")     # flat: each rank's port in and out, as on one host
+    fabric = topologies.build(spec, n)
+    mode = mode_for(n)
+    ranks = run_in_group(_real_rank, n, collective, name, root, mode, backend="gloo", threads=1,
+                         timeout=timeout, start_method="forkserver", preload=[__name__],
+                         env={"COLLECTIVES_TIMEOUT": str(max(5, int(timeout) // 2))})[0]
+    t0 = min(r["t0"] for r in ranks)
+    # pair each side's k-th message of (src, dst, step): the door reports them in post order
+    sends, recvs = {}, {}
+    for r, got in enumerate(ranks):
+        carried = {}
+        for step, peer, cell, cells, values in got["sent"]:
+            carried.setdefault((step, peer), []).append((cell, cells, values))
+        landed = {}
+        for step, peer, cell in got["received"]:
+            landed.setdefault((step, peer), []).append(cell)
+        for kind, src, dst, step, nbytes, start, end in got["messages"]:
+            if kind == "send":
+                cell, cells, values = carried[(step, dst)].pop(0)
+                sends.setdefault((src, dst, step), []).append((nbytes, start, end, cell, cells, values))
+            else:
+                recvs.setdefault((src, dst, step), []).append((start, end, landed[(step, src)].pop(0)))
+    messages = []
+    for k, out in sends.items():
+        for (nbytes, s0, e0, cell, cells, values), (s1, e1, dcell) in zip(out, recvs.get(k, [])):
+            src, dst, step = k
+            messages.append(dict(src=src, dst=dst, step=step, nbytes=nbytes, start=max(s0, s1) - t0,
+                                 end=max(e0, e1) - t0, links=list(fabric.route(src, dst)[0]), values=values,
+                                 src_cell=cell, dst_cell=dcell, cells=cells))
+    messages.sort(key=lambda m: (m["end"], m["src"], m["dst"]))
+    snapshots = [[(t + got["t0"] - t0, s, v) for t, s, v in got["snapshots"]] for got in ranks]
+    notes = [(t + got["t0"] - t0, r, cell, both, s, v) for got in ranks for t, r, cell, both, s, v in got["notes"]]
+    return dict(kind="collective", collective=collective, algorithm=name, n=n, root=root, mode=mode,
+                topology=spec, fabric=fabric, messages=messages, snapshots=snapshots,
+                final=[got["final"] for got in ranks], want=[got["want"] for got in ranks], notes=notes,
+                failure=None, clock="measured", traffic=[got["traffic"] for got in ranks],
+                title=f"{collective} / {name} on {n} ranks: a real run (gloo, {n} processes on one host)",
+                time=max([got["end"] - t0 for got in ranks] + [m["end"] for m in messages] + [0.0]))
