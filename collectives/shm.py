@@ -17,21 +17,24 @@ in the order they were sent; a receive takes the first waiting message with its 
 and a message whose tag no posted receive has waits in the mailbox (as gloo's would),
 so a desynchronised program waits and is explained by the door's timeout.
 
-**Steps** (one group, set up once when its first collective runs; every rank of the
-group takes part, over the gloo group, in three small all-gathers):
+**Steps** (one group, set up once when its first collective runs, after the group's
+agreement; every rank of the group takes part, over the gloo group, in two small
+all-gathers):
 
-1. Every rank says who it is: its *host identity* (hostname, the inode of its network
-   namespace, the device and inode of ``/dev/shm``: two lab hosts on one machine differ
-   in the second) and its pid. Ranks with equal identities share a host; pairs on
-   different hosts keep gloo.
+1. The group's agreement (:mod:`collectives.tuning.agreed`, made once per group before
+   its first call) already says who shares a host: every rank's *host identity*
+   (hostname, the inode of its network namespace, the device and inode of ``/dev/shm``:
+   two lab hosts on one machine differ in the second) and, for the ranks of this host,
+   their pids. Pairs on different hosts keep gloo. No message is spent on it here.
 2. Every rank creates its *inbox*: one file in ``/dev/shm`` holding one mailbox per
    peer on its host (a ring of ``capacity`` bytes with a ``head`` the sender advances
    and a ``tail`` the receiver advances), with its space reserved by ``posix_fallocate``
    (so a full ``/dev/shm`` is an error here, never a SIGBUS later), and a FIFO, its
-   doorbell. It says whether that worked. If any rank of the host failed, the whole
-   host keeps gloo (``auto``: one warning line) or every rank raises (``shm``).
+   doorbell. It says whether that worked (first all-gather). If any rank of the host
+   failed, the whole host keeps gloo (``auto``: one warning line) or every rank raises
+   (``shm``).
 3. Every rank maps its peers' inboxes and opens their doorbells and a pidfd for each
-   peer, and says so; after that third all-gather every file has been opened by
+   peer, and says so; after that second all-gather every file has been opened by
    everyone who needs it, and its owner unlinks it. Nothing is left in ``/dev/shm``
    from then on, whatever happens to the processes: the memory goes when the last one
    unmaps it. A job killed inside the few milliseconds between steps 2 and 3 leaves its
@@ -129,23 +132,10 @@ def _round(n):
     return -(-n // ALIGN) * ALIGN
 
 
-def host_identity():
-    """What makes two processes able to share memory: the same machine, the same network
-    namespace (a lab host is one, so two lab hosts on one machine count as two hosts),
-    the same ``/dev/shm``."""
-    try:
-        net = os.stat("/proc/self/ns/net").st_ino
-    except OSError:
-        net = 0
-    try:
-        st = os.stat(DIRECTORY)
-        shm = f"{st.st_dev}:{st.st_ino}"
-    except OSError:
-        shm = "none"
-    return f"{socket.gethostname()}|net:{net}|shm:{shm}"
-
-
-def _alive(pid):
+def alive(pid):
+    """Whether process ``pid`` still runs on this host (one that is not ours to signal counts
+    as running). The shared-memory waiter asks it where it has no pidfd; the trainer's lock
+    asks it of a lock file's owner."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -166,7 +156,7 @@ def clean_stale(directory=DIRECTORY):
         return removed
     for name in names:
         m = re.match(re.escape(PREFIX) + r"([0-9a-f]+)-(\d+)-", name)
-        if m is None or m.group(1) != host or _alive(int(m.group(2))):
+        if m is None or m.group(1) != host or alive(int(m.group(2))):
             continue
         try:
             os.unlink(os.path.join(directory, name))
@@ -233,26 +223,40 @@ class Mailbox:
 
     # Copies by address (memmove): a torch op costs microseconds of dispatch, which at
     # 4 KiB is more than the copy itself.
-    def write(self, pos, src, n):
-        """Copy ``n`` bytes from address ``src`` into the ring at stream position ``pos``, wrapping."""
+    def copy(self, pos, addr, n, into):
+        """Copy ``n`` bytes between address ``addr`` and the ring at stream position ``pos``,
+        wrapping: into the ring (``into``, a send) or out of it (a receive)."""
         at = pos % self.capacity
         first = min(n, self.capacity - at)
-        ctypes.memmove(self.base + at, src, first)
-        if first < n:
-            ctypes.memmove(self.base, src + first, n - first)
-
-    def read(self, pos, dst, n):
-        at = pos % self.capacity
-        first = min(n, self.capacity - at)
-        ctypes.memmove(dst, self.base + at, first)
-        if first < n:
-            ctypes.memmove(dst + first, self.base, n - first)
+        for ring, mem, k in ((self.base + at, addr, first), (self.base, addr + first, n - first)):
+            if k > 0:
+                if into:
+                    ctypes.memmove(ring, mem, k)
+                else:
+                    ctypes.memmove(mem, ring, k)
 
     def put_record(self, pos, tag, nbytes):
         struct.pack_into("<qq", self.buffer, self.offset + pos % self.capacity, tag, nbytes)
 
     def get_record(self, pos):
         return struct.unpack_from("<qq", self.buffer, self.offset + pos % self.capacity)
+
+
+def _advance(box, pos, work, room, into):
+    """Move as much of ``work``'s payload as ``room`` bytes of the ring allow, at stream
+    position ``pos``: into the ring (a send) or out of it (a receive). The stream advances by
+    the payload's slot (its size rounded up to 64), so only the real bytes are copied. Marks
+    ``work`` done once its whole slot has passed; returns how far the stream advanced."""
+    amount = min(room, work.slot - work.done_bytes)
+    if amount <= 0:
+        work.done = work.done_bytes >= work.slot
+        return 0
+    real = min(amount, work.nbytes - work.done_bytes)
+    if real > 0:
+        box.copy(pos, work.addr + work.done_bytes, real, into)
+    work.done_bytes += amount
+    work.done = work.done_bytes >= work.slot
+    return amount
 
 
 def _inbox_size(peers, capacity):
@@ -337,17 +341,11 @@ class ShmTransport:
                 free -= RECORD
                 work.done_bytes = 0
                 moved = True
-            amount = min(free, work.slot - work.done_bytes)
-            if amount > 0:
-                real = min(amount, work.nbytes - work.done_bytes)
-                if real > 0:
-                    box.write(head, work.addr + work.done_bytes, real)
-                head += amount
-                work.done_bytes += amount
-                moved = True
-            if work.done_bytes < work.slot:
+            step = _advance(box, head, work, free, into=True)
+            head += step
+            moved |= step > 0
+            if not work.done:
                 break
-            work.done = True
             queue.popleft()
         if moved:
             box.words[0] = head      # publish: the payload above is written before this store
@@ -375,17 +373,11 @@ class ShmTransport:
                 tail += RECORD
                 avail -= RECORD
                 moved = True
-            amount = min(avail, work.slot - work.done_bytes)
-            if amount > 0:
-                real = min(amount, work.nbytes - work.done_bytes)
-                if real > 0:
-                    box.read(tail, work.addr + work.done_bytes, real)
-                tail += amount
-                work.done_bytes += amount
-                moved = True
-            if work.done_bytes < work.slot:
+            step = _advance(box, tail, work, avail, into=False)
+            tail += step
+            moved |= step > 0
+            if not work.done:
                 break
-            work.done = True
             self.current[peer] = None
         if moved:
             box.words[ALIGN // 8] = tail    # the bytes are copied out before the room is given back
@@ -435,7 +427,7 @@ class ShmTransport:
                 events = poller.poll(max(1, int(left * 1000)))
                 dead = [watched[fd] for fd, _ in events if fd in watched]
                 if self.pidfds and not events:
-                    dead += [p for p in waiting if self.pidfds.get(p) is None and not _alive(self.pids[p])]
+                    dead += [p for p in waiting if self.pidfds.get(p) is None and not alive(self.pids[p])]
                 self._drain()
                 if dead:
                     self._peer_died(dead[0], work)
@@ -477,14 +469,17 @@ class ShmTransport:
                 pass
 
 
-def connect(rank, size, allgather, required=False, capacity=DEFAULT_CAPACITY, directory=DIRECTORY,
+def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, directory=DIRECTORY,
             warn=None):
     """Set up shared memory between the ranks of one group that share a host.
 
     Args:
-        rank, size: this rank in the group and the group's size.
+        rank: this rank in the group.
+        pids: per group rank, its pid where it shares this rank's host, else None: the
+            group's agreement (``agreed.known(info).local_pids``), which every rank holds
+            alike, so no message is spent on who shares a host.
         allgather: ``allgather(bytes) -> [bytes of rank 0, 1, ...]`` over the group
-            (the door's, over gloo). Called three times, by every rank.
+            (the door's, over gloo). Called twice, by every rank.
         required: raise :class:`SetupFailed` on every rank if any rank of this host
             cannot make its inbox (``COLLECTIVES_TRANSPORT=shm``); else fall back.
         capacity: bytes of each mailbox's ring (a multiple of 64).
@@ -493,14 +488,18 @@ def connect(rank, size, allgather, required=False, capacity=DEFAULT_CAPACITY, di
     Returns:
         (ShmTransport or None, tuple of the group ranks it reaches): None when no
         peer shares this host or setup failed on the host (then gloo carries all).
+
+    Example::
+
+        >>> transport, peers = connect(comm.rank, agreement.local_pids, allgather)  # doctest: +SKIP
     """
     assert capacity % ALIGN == 0 and capacity >= 2 * RECORD
+    if pids[rank] is None:
+        raise ValueError("shm.connect: pids must give this rank's own pid")
     clean_stale(directory)
-    me = {"host": host_identity(), "pid": os.getpid()}
-    everyone = [json.loads(b) for b in allgather(json.dumps(me).encode())]
-    local = tuple(r for r in range(size) if r != rank and everyone[r]["host"] == me["host"])
+    local = tuple(r for r, pid in enumerate(pids) if r != rank and pid is not None)
     host_ranks = sorted((rank,) + local)
-    pids = {r: everyone[r]["pid"] for r in host_ranks}
+    pids = {r: pids[r] for r in host_ranks}
 
     # 2. my inbox: one mailbox per local peer, in the order of their ranks
     made, status = [], {"ok": True}
@@ -529,7 +528,7 @@ def connect(rank, size, allgather, required=False, capacity=DEFAULT_CAPACITY, di
         _unlink(made)
         if bell_r is not None:
             os.close(bell_r)
-        allgather(json.dumps({"ok": True}).encode())   # the third all-gather, which other hosts make
+        allgather(json.dumps({"ok": True}).encode())   # the second all-gather, which other hosts make
         return _fallback(failed, required, warn, directory)
     if not local:
         allgather(b"{}")
