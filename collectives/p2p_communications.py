@@ -170,12 +170,13 @@ def shm_transport(comm):
     message of a collective call, which every rank of the group makes, so those pair on
     every rank; a rank that never comes is reported as for any message of the call.
     Returns ``(None, ())`` with ``COLLECTIVES_TRANSPORT=gloo``, where no peer shares the
-    host, and on a door made before the group agreed (the agreement's own messages, or a
-    door made by hand): every rank of a group knows the agreement at the same call, so all
-    of them take gloo there alike.
+    host, and on a door without the agreement (the agreement's own messages, or a door made
+    by hand) on a group not set up yet: every rank of a group reaches the agreement and the
+    setup at the same call, so all of them take gloo there alike. A door made by hand on a
+    group that a call has set up uses its mailboxes.
     """
     mode = settings.transport()
-    if mode == "gloo" or comm.pids is None:
+    if mode == "gloo":
         return None, ()
     # keyed by the group as the caller holds it: the gloo backend behind it may be a new
     # Python wrapper at every call (torch 2.11), which would set up again each time
@@ -184,8 +185,8 @@ def shm_transport(comm):
         found = _shm_of.get(transport)
     except TypeError:
         found = _shm_of_ids.get(id(transport), (None, None))[1]
-    if found is not None:
-        return found
+    if found is not None or comm.pids is None:
+        return found or (None, ())
     # no lock held across the setup: two groups' lanes may set up at once, in any order
     phases = iter(range(2))
     found = shm.connect(comm.rank, comm.pids, lambda data: comm._setup_allgather(data, next(phases)),
