@@ -11,8 +11,10 @@ one node (its SHM transport, beside P2P and NET) for the same reason.
 
 **Semantics.** Under the door (:class:`collectives.p2p_communications.Comm`), as a
 drop-in for gloo's ``send([tensor], peer, tag)`` / ``recv([tensor], peer, tag)``: both
-return a work whose ``wait(timeout)`` blocks until the message has been copied into the
-peer's mailbox (a send) or out of ours (a receive). Messages of one ordered pair arrive
+return a work whose ``wait(timeout)`` blocks until the message has been copied out of
+the mailbox by its receiver (a send: the peer has taken it, as gloo's send waits for the
+receive, so a rank that never receives is noticed by its sender's timeout, not only by its
+next call) or into our tensor (a receive). Messages of one ordered pair arrive
 in the order they were sent; a receive takes the first waiting message with its tag,
 and a message whose tag no posted receive has waits in the mailbox (as gloo's would),
 so a desynchronised program waits and is explained by the door's timeout.
@@ -50,7 +52,8 @@ Moving a message of S bytes from rank a to rank b (a's mailbox in b's inbox):
    posted receive from a with that tag, copies what has arrived into the tensor,
    advances ``tail``, and rings a's doorbell: room again;
 4. steps 2-3 repeat until all S bytes are through: a message larger than the mailbox
-   streams through it in pieces, the sender filling while the receiver drains.
+   streams through it in pieces, the sender filling while the receiver drains;
+5. a's send completes when b's ``tail`` has passed the message's end: b has it.
 
 A rank that waits looks again for ``SPIN`` (30 us, yielding its core between looks), then
 sleeps in ``poll`` on its doorbell and on the pidfds of the peers it
@@ -183,7 +186,7 @@ class Work:
     """One posted message; ``wait(timeout)`` as gloo's work takes it."""
 
     __slots__ = ("transport", "kind", "peer", "tag", "tensor", "addr", "nbytes", "slot", "done_bytes",
-                 "done", "error")
+                 "done", "error", "end")
 
     def __init__(self, transport, kind, peer, tag, tensor):
         self.transport, self.kind, self.peer, self.tag = transport, kind, peer, tag
@@ -245,17 +248,16 @@ class Mailbox:
 def _advance(box, pos, work, room, into):
     """Move as much of ``work``'s payload as ``room`` bytes of the ring allow, at stream
     position ``pos``: into the ring (a send) or out of it (a receive). The stream advances by
-    the payload's slot (its size rounded up to 64), so only the real bytes are copied. Marks
-    ``work`` done once its whole slot has passed; returns how far the stream advanced."""
+    the payload's slot (its size rounded up to 64), so only the real bytes are copied.
+    Returns how far the stream advanced; the whole slot has passed once
+    ``work.done_bytes == work.slot``."""
     amount = min(room, work.slot - work.done_bytes)
     if amount <= 0:
-        work.done = work.done_bytes >= work.slot
         return 0
     real = min(amount, work.nbytes - work.done_bytes)
     if real > 0:
         box.copy(pos, work.addr + work.done_bytes, real, into)
     work.done_bytes += amount
-    work.done = work.done_bytes >= work.slot
     return amount
 
 
@@ -279,6 +281,7 @@ class ShmTransport:
         self.bells = bells                 # peer -> the write end of its doorbell
         self.pidfds = pidfds               # peer -> pidfd (readable once it exits), or None
         self.sends = {p: deque() for p in local}
+        self.unread = {p: deque() for p in local}   # sends written whole, not yet taken
         self.recvs = {p: [] for p in local}
         self.current = {p: None for p in local}     # the receive a partly read message goes to
         self.head = {p: 0 for p in local}           # my copy of each outbox's head
@@ -315,6 +318,8 @@ class ShmTransport:
         moved = False
         for peer in self.local:
             rang = False
+            if self.unread[peer] and self._taken(peer):
+                moved = True       # a waiting thread of this rank may sleep on that send
             if self.sends[peer]:
                 rang |= self._push(peer)
             if self.recvs[peer] or self.current[peer] is not None:
@@ -344,13 +349,23 @@ class ShmTransport:
             step = _advance(box, head, work, free, into=True)
             head += step
             moved |= step > 0
-            if not work.done:
+            if work.done_bytes < work.slot:
                 break
+            # written, not yet taken: done once the receiver's tail has passed its end
             queue.popleft()
+            work.end = head
+            self.unread[peer].append(work)
         if moved:
             box.words[0] = head      # publish: the payload above is written before this store
             self.head[peer] = head
         return moved
+
+    def _taken(self, peer):
+        """Complete the sends whose bytes the receiver has copied out (its tail passed their end)."""
+        tail, unread, taken = self.outbox[peer].words[ALIGN // 8], self.unread[peer], False
+        while unread and tail >= unread[0].end:
+            unread.popleft().done = taken = True
+        return taken
 
     def _pull(self, peer):
         box = self.inbox[peer]
@@ -376,8 +391,9 @@ class ShmTransport:
             step = _advance(box, tail, work, avail, into=False)
             tail += step
             moved |= step > 0
-            if not work.done:
+            if work.done_bytes < work.slot:
                 break
+            work.done = True
             self.current[peer] = None
         if moved:
             box.words[ALIGN // 8] = tail    # the bytes are copied out before the room is given back
@@ -436,7 +452,8 @@ class ShmTransport:
                 self.waiters -= 1
 
     def _waited_peers(self):
-        return [p for p in self.local if self.sends[p] or self.recvs[p] or self.current[p] is not None]
+        return [p for p in self.local
+                if self.sends[p] or self.unread[p] or self.recvs[p] or self.current[p] is not None]
 
     def _peer_died(self, peer, work):
         with self.lock:
