@@ -100,6 +100,8 @@ import threading
 import time
 from collections import deque
 
+import torch
+
 
 
 PREFIX = "collectives-shm-"
@@ -186,7 +188,7 @@ class Work:
     """One posted message; ``wait(timeout)`` as gloo's work takes it."""
 
     __slots__ = ("transport", "kind", "peer", "tag", "tensor", "addr", "nbytes", "slot", "done_bytes",
-                 "done", "error", "end")
+                 "done", "error", "end", "target")
 
     def __init__(self, transport, kind, peer, tag, tensor):
         self.transport, self.kind, self.peer, self.tag = transport, kind, peer, tag
@@ -197,6 +199,7 @@ class Work:
         self.done_bytes = -1 if kind == "send" else 0    # -1: the record header is not written yet
         self.done = False
         self.error = None
+        self.target = None    # a staged message: the receive it was matched to
 
     def is_completed(self):
         if not self.done and self.error is None:
@@ -261,6 +264,12 @@ def _advance(box, pos, work, room, into):
     return amount
 
 
+def _check_size(recv, nbytes):
+    if recv.nbytes != nbytes:
+        raise RuntimeError(f"a message of {nbytes} bytes arrived for a receive of "
+                           f"{recv.nbytes} bytes with the same tag")
+
+
 def _inbox_size(peers, capacity):
     return max(1, peers) * (HEADER + capacity)
 
@@ -282,6 +291,7 @@ class ShmTransport:
         self.pidfds = pidfds               # peer -> pidfd (readable once it exits), or None
         self.sends = {p: deque() for p in local}
         self.unread = {p: deque() for p in local}   # sends written whole, not yet taken
+        self.staged = {p: [] for p in local}        # messages moved aside, in arrival order
         self.recvs = {p: [] for p in local}
         self.current = {p: None for p in local}     # the receive a partly read message goes to
         self.head = {p: 0 for p in local}           # my copy of each outbox's head
@@ -322,6 +332,8 @@ class ShmTransport:
                 moved = True       # a waiting thread of this rank may sleep on that send
             if self.sends[peer]:
                 rang |= self._push(peer)
+            if self.staged[peer] and self.recvs[peer] and self._match_staged(peer):
+                moved = True
             if self.recvs[peer] or self.current[peer] is not None:
                 rang |= self._pull(peer)
             if rang:
@@ -367,6 +379,27 @@ class ShmTransport:
             unread.popleft().done = taken = True
         return taken
 
+    def _match_staged(self, peer):
+        """Give each posted receive the first message moved aside with its tag (copied now if
+        it is whole, else when its last piece arrives). Returns whether a receive completed."""
+        completed = False
+        for recv in list(self.recvs[peer]):
+            found = next((m for m in self.staged[peer] if m.tag == recv.tag and m.target is None), None)
+            if found is None:
+                continue
+            _check_size(recv, found.nbytes)
+            self.recvs[peer].remove(recv)
+            found.target = recv
+            if found.done:
+                self._deliver(peer, found)
+                completed = True
+        return completed
+
+    def _deliver(self, peer, staged):
+        ctypes.memmove(staged.target.addr, staged.addr, staged.nbytes)
+        staged.target.done = True
+        self.staged[peer].remove(staged)
+
     def _pull(self, peer):
         box = self.inbox[peer]
         tail, moved = self.tail[peer], False
@@ -379,11 +412,15 @@ class ShmTransport:
                 tag, nbytes = box.get_record(tail)
                 work = next((w for w in self.recvs[peer] if w.tag == tag), None)
                 if work is None:
-                    break       # no receive for it yet: it waits in the mailbox
-                if work.nbytes != nbytes:
-                    raise RuntimeError(f"a message of {nbytes} bytes arrived for a receive of "
-                                       f"{work.nbytes} bytes with the same tag")
-                self.recvs[peer].remove(work)
+                    if not self.recvs[peer]:
+                        break       # no receive for it yet, none waits behind it: it stays
+                    # a posted receive waits for a message behind this one: move this one
+                    # aside (one more copy, only here), as gloo matches by tag, not order
+                    work = Work(self, "stage", peer, tag, torch.empty(nbytes, dtype=torch.uint8))
+                    self.staged[peer].append(work)
+                else:
+                    _check_size(work, nbytes)
+                    self.recvs[peer].remove(work)
                 self.current[peer] = work
                 tail += RECORD
                 avail -= RECORD
@@ -395,6 +432,8 @@ class ShmTransport:
                 break
             work.done = True
             self.current[peer] = None
+            if work.target is not None:
+                self._deliver(peer, work)
         if moved:
             box.words[ALIGN // 8] = tail    # the bytes are copied out before the room is given back
             self.tail[peer] = tail

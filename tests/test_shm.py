@@ -89,6 +89,27 @@ def test_dtypes_and_messages_in_send_order():
     assert run_world(dtypes_and_order, 2) == [True, True]
 
 
+def overtaken(rank, n, capacity):
+    """Rank 0 sends tags 0 then 1; rank 1 waits for tag 1 first, then receives tag 0: the
+    message at the head of its mailbox must not block the one behind it (gloo matches by tag)."""
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=capacity)
+    numel = capacity // 2          # 2 x capacity bytes each: both stream through in pieces
+    if rank == 0:
+        works = [t.send([payload(0, 1, i, numel)], 1, tag=i) for i in (0, 1)]
+        for w in works:
+            w.wait(timeout=30)
+        return True
+    second, first = torch.zeros(numel), torch.zeros(numel)
+    t.recv([second], 0, tag=1).wait(timeout=30)
+    t.recv([first], 0, tag=0).wait(timeout=30)
+    return torch.equal(first, payload(0, 1, 0, numel)) and torch.equal(second, payload(0, 1, 1, numel))
+
+
+@pytest.mark.parametrize("capacity", [1024, 1 << 20])
+def test_a_receive_is_not_blocked_by_an_earlier_message_with_another_tag(capacity):
+    assert run_world(overtaken, 2, capacity, timeout=120) == [True, True]
+
+
 def killed_mid_transfer(rank, n):
     t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=4096)
     if rank == 1:
