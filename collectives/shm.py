@@ -15,9 +15,11 @@ return a work whose ``wait(timeout)`` blocks until the message has been copied o
 the mailbox by its receiver (a send: the peer has taken it, as gloo's send waits for the
 receive, so a rank that never receives is noticed by its sender's timeout, not only by its
 next call) or into our tensor (a receive). Messages of one ordered pair arrive
-in the order they were sent; a receive takes the first waiting message with its tag,
-and a message whose tag no posted receive has waits in the mailbox (as gloo's would),
-so a desynchronised program waits and is explained by the door's timeout.
+in the order they were sent; a receive takes the first waiting message with its tag
+(gloo matches by tag too, not by order). A message whose tag no posted receive has waits
+in the mailbox, unless a posted receive waits for a message behind it: then it is moved
+aside into a staging buffer (one more copy of its bytes) and handed to its receive when
+that is posted. A desynchronised program waits and is explained by the door's timeout.
 
 **Steps** (one group, set up once when its first collective runs, after the group's
 agreement; every rank of the group takes part, over the gloo group, in two small
@@ -69,7 +71,8 @@ a few microseconds each, against ~1 ms for copying 4 MiB twice: memory bandwidth
 decides here. For a 4 KiB message the copies take ~1 us and the wake-up (a system call
 and a context switch, tens of us on a loaded machine) decides.
 
-**Copies per byte**, one message: shm 2 (sender into the mailbox, receiver out of it),
+**Copies per byte**, one message: shm 2 (sender into the mailbox, receiver out of it;
+3 for a message moved aside because a receive behind it was posted first),
 no system call per byte, one wake-up per piece. gloo on loopback: 2 as well (``write``
 into the socket buffer, ``read`` out of it), plus TCP/IP's processing, socket-thread
 hand-offs in both processes, and a system call per ~64 KiB on each side. A reduction
