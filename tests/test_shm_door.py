@@ -136,7 +136,12 @@ def test_the_setting():
             settings.transport()
     finally:
         del os.environ["COLLECTIVES_TRANSPORT"]
-    assert settings.transport() == "gloo"     # opt-in until measured faster (issue 37)
+    saved = os.environ.pop("COLLECTIVES_TRANSPORT", None)
+    try:
+        assert settings.transport() == "auto"     # shared memory where it can be set up
+    finally:
+        if saved is not None:
+            os.environ["COLLECTIVES_TRANSPORT"] = saved
 
 
 def test_another_network_namespace_is_another_host():
