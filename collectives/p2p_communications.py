@@ -28,9 +28,10 @@ on together (``Comm.exchange``). Issued one after the other, a blocking send on
 both sides of a pair deadlocks on NCCL and on any transport without buffering.
 
 **Which transport.** Ranks of a gloo group that share a host exchange their messages
-through shared memory (:mod:`collectives.shm`), the others over gloo: the first
-collective call on a group agrees, once, which ranks share a host
-(:func:`shm_transport`), and each message then goes the way of its peer. Nothing above
+through shared memory (:mod:`collectives.shm`), the others over gloo: the group's
+agreement (:mod:`collectives.tuning.agreed`) says, once, which ranks share a host, the
+first collective call after it sets their mailboxes up (:func:`shm_transport`), and each
+message then goes the way of its peer. Nothing above
 the door sees the difference. ``COLLECTIVES_TRANSPORT`` chooses (``auto`` by default).
 
 The first message on a gloo group also takes the wake-up preemption away from
@@ -162,11 +163,17 @@ SETUP_TAG = call_hash("collectives.shm setup") << STEP_BITS
 def shm_transport(comm):
     """The group's shared-memory transport and the group ranks it reaches, set up once.
 
-    Called at the first message of a collective call, which every rank of the group
-    makes, so the setup's three all-gathers (over gloo, :meth:`Comm._setup_allgather`)
-    pair on every rank; a rank that never comes is reported as for any message of the
-    call. Returns ``(None, ())`` with ``COLLECTIVES_TRANSPORT=gloo`` or where no peer
-    shares the host.
+    Who shares this rank's host, and their pids, come from the group's agreement
+    (``comm.pids``, :mod:`collectives.tuning.agreed`: exchanged once per group, before its
+    first call), so the setup itself spends only two all-gathers (over gloo,
+    :meth:`Comm._setup_allgather`) on making and opening the mailboxes. Called at the first
+    message of a collective call, which every rank of the group makes, so those pair on
+    every rank; a rank that never comes is reported as for any message of the call.
+    Returns ``(None, ())`` with ``COLLECTIVES_TRANSPORT=gloo``, where no peer shares the
+    host, and on a door without the agreement (the agreement's own messages, or a door made
+    by hand) on a group not set up yet: every rank of a group reaches the agreement and the
+    setup at the same call, so all of them take gloo there alike. A door made by hand on a
+    group that a call has set up uses its mailboxes.
     """
     mode = settings.transport()
     if mode == "gloo":
@@ -178,11 +185,11 @@ def shm_transport(comm):
         found = _shm_of.get(transport)
     except TypeError:
         found = _shm_of_ids.get(id(transport), (None, None))[1]
-    if found is not None:
-        return found
+    if found is not None or comm.pids is None:
+        return found or (None, ())
     # no lock held across the setup: two groups' lanes may set up at once, in any order
-    phases = iter(range(3))
-    found = shm.connect(comm.rank, comm.size, lambda data: comm._setup_allgather(data, next(phases)),
+    phases = iter(range(2))
+    found = shm.connect(comm.rank, comm.pids, lambda data: comm._setup_allgather(data, next(phases)),
                         required=(mode == "shm"))
     with _shm_lock:
         try:

@@ -24,7 +24,7 @@ VARIABLES = {
     "COLLECTIVES_VERBOSE": ("0", "print every message as it moves"),
     "COLLECTIVES_ALGO": ("", "algorithms per collective, e.g. all_reduce:ring,broadcast:binomial_tree"),
     "COLLECTIVES_TUNING_TABLE": ("", "a tuning table algorithm=None reads instead of this machine's"),
-    "COLLECTIVES_TRANSPORT": ("gloo", "gloo, shm or auto: how ranks on one host exchange messages"),
+    "COLLECTIVES_TRANSPORT": ("auto", "gloo, shm or auto: how ranks on one host exchange messages"),
     "COLLECTIVES_GLOO_BATCH": ("1", "gloo's socket threads never preempt the thread they wake (SCHED_BATCH)"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
@@ -94,10 +94,7 @@ TRANSPORTS = ("gloo", "shm", "auto")
 
 
 def transport():
-    """``COLLECTIVES_TRANSPORT`` (default ``gloo``): how ranks that share a host exchange messages.
-
-    The default stays gloo until the shared-memory door is measured faster than the built-in
-    and passes the whole suite as the default (issue 37): today it is opt-in.
+    """``COLLECTIVES_TRANSPORT`` (default ``auto``): how ranks that share a host exchange messages.
 
     ``gloo``: every message over gloo's TCP loopback. ``shm``: shared memory between
     the ranks of each host (``collectives/shm.py``), an error on every rank if it cannot
@@ -106,11 +103,11 @@ def transport():
     """
     value = _raw("COLLECTIVES_TRANSPORT")
     if value is None:
-        return "gloo"
+        return "auto"
     value = value.strip().lower()
     if value not in TRANSPORTS:
         raise ValueError(f"COLLECTIVES_TRANSPORT={os.environ['COLLECTIVES_TRANSPORT']!r} is not valid: "
-                         f"use one of {', '.join(TRANSPORTS)}; unset, it is gloo")
+                         f"use one of {', '.join(TRANSPORTS)}; unset, it is auto")
     return value
 
 

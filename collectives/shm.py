@@ -11,27 +11,34 @@ one node (its SHM transport, beside P2P and NET) for the same reason.
 
 **Semantics.** Under the door (:class:`collectives.p2p_communications.Comm`), as a
 drop-in for gloo's ``send([tensor], peer, tag)`` / ``recv([tensor], peer, tag)``: both
-return a work whose ``wait(timeout)`` blocks until the message has been copied into the
-peer's mailbox (a send) or out of ours (a receive). Messages of one ordered pair arrive
-in the order they were sent; a receive takes the first waiting message with its tag,
-and a message whose tag no posted receive has waits in the mailbox (as gloo's would),
-so a desynchronised program waits and is explained by the door's timeout.
+return a work whose ``wait(timeout)`` blocks until the message has been copied out of
+the mailbox by its receiver (a send: the peer has taken it, as gloo's send waits for the
+receive, so a rank that never receives is noticed by its sender's timeout, not only by its
+next call) or into our tensor (a receive). Messages of one ordered pair arrive
+in the order they were sent; a receive takes the first waiting message with its tag
+(gloo matches by tag too, not by order). A message whose tag no posted receive has waits
+in the mailbox, unless a posted receive waits for a message behind it: then it is moved
+aside into a staging buffer (one more copy of its bytes) and handed to its receive when
+that is posted. A desynchronised program waits and is explained by the door's timeout.
 
-**Steps** (one group, set up once when its first collective runs; every rank of the
-group takes part, over the gloo group, in three small all-gathers):
+**Steps** (one group, set up once when its first collective runs, after the group's
+agreement; every rank of the group takes part, over the gloo group, in two small
+all-gathers):
 
-1. Every rank says who it is: its *host identity* (hostname, the inode of its network
-   namespace, the device and inode of ``/dev/shm``: two lab hosts on one machine differ
-   in the second) and its pid. Ranks with equal identities share a host; pairs on
-   different hosts keep gloo.
+1. The group's agreement (:mod:`collectives.tuning.agreed`, made once per group before
+   its first call) already says who shares a host: every rank's *host identity*
+   (hostname, the inode of its network namespace, the device and inode of ``/dev/shm``:
+   two lab hosts on one machine differ in the second) and, for the ranks of this host,
+   their pids. Pairs on different hosts keep gloo. No message is spent on it here.
 2. Every rank creates its *inbox*: one file in ``/dev/shm`` holding one mailbox per
    peer on its host (a ring of ``capacity`` bytes with a ``head`` the sender advances
    and a ``tail`` the receiver advances), with its space reserved by ``posix_fallocate``
    (so a full ``/dev/shm`` is an error here, never a SIGBUS later), and a FIFO, its
-   doorbell. It says whether that worked. If any rank of the host failed, the whole
-   host keeps gloo (``auto``: one warning line) or every rank raises (``shm``).
+   doorbell. It says whether that worked (first all-gather). If any rank of the host
+   failed, the whole host keeps gloo (``auto``: one warning line) or every rank raises
+   (``shm``).
 3. Every rank maps its peers' inboxes and opens their doorbells and a pidfd for each
-   peer, and says so; after that third all-gather every file has been opened by
+   peer, and says so; after that second all-gather every file has been opened by
    everyone who needs it, and its owner unlinks it. Nothing is left in ``/dev/shm``
    from then on, whatever happens to the processes: the memory goes when the last one
    unmaps it. A job killed inside the few milliseconds between steps 2 and 3 leaves its
@@ -47,7 +54,8 @@ Moving a message of S bytes from rank a to rank b (a's mailbox in b's inbox):
    posted receive from a with that tag, copies what has arrived into the tensor,
    advances ``tail``, and rings a's doorbell: room again;
 4. steps 2-3 repeat until all S bytes are through: a message larger than the mailbox
-   streams through it in pieces, the sender filling while the receiver drains.
+   streams through it in pieces, the sender filling while the receiver drains;
+5. a's send completes when b's ``tail`` has passed the message's end: b has it.
 
 A rank that waits looks again for ``SPIN`` (30 us, yielding its core between looks), then
 sleeps in ``poll`` on its doorbell and on the pidfds of the peers it
@@ -63,7 +71,8 @@ a few microseconds each, against ~1 ms for copying 4 MiB twice: memory bandwidth
 decides here. For a 4 KiB message the copies take ~1 us and the wake-up (a system call
 and a context switch, tens of us on a loaded machine) decides.
 
-**Copies per byte**, one message: shm 2 (sender into the mailbox, receiver out of it),
+**Copies per byte**, one message: shm 2 (sender into the mailbox, receiver out of it;
+3 for a message moved aside because a receive behind it was posted first),
 no system call per byte, one wake-up per piece. gloo on loopback: 2 as well (``write``
 into the socket buffer, ``read`` out of it), plus TCP/IP's processing, socket-thread
 hand-offs in both processes, and a system call per ~64 KiB on each side. A reduction
@@ -93,6 +102,8 @@ import sys
 import threading
 import time
 from collections import deque
+
+import torch
 
 
 
@@ -129,23 +140,10 @@ def _round(n):
     return -(-n // ALIGN) * ALIGN
 
 
-def host_identity():
-    """What makes two processes able to share memory: the same machine, the same network
-    namespace (a lab host is one, so two lab hosts on one machine count as two hosts),
-    the same ``/dev/shm``."""
-    try:
-        net = os.stat("/proc/self/ns/net").st_ino
-    except OSError:
-        net = 0
-    try:
-        st = os.stat(DIRECTORY)
-        shm = f"{st.st_dev}:{st.st_ino}"
-    except OSError:
-        shm = "none"
-    return f"{socket.gethostname()}|net:{net}|shm:{shm}"
-
-
-def _alive(pid):
+def alive(pid):
+    """Whether process ``pid`` still runs on this host (one that is not ours to signal counts
+    as running). The shared-memory waiter asks it where it has no pidfd; the trainer's lock
+    asks it of a lock file's owner."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -166,7 +164,7 @@ def clean_stale(directory=DIRECTORY):
         return removed
     for name in names:
         m = re.match(re.escape(PREFIX) + r"([0-9a-f]+)-(\d+)-", name)
-        if m is None or m.group(1) != host or _alive(int(m.group(2))):
+        if m is None or m.group(1) != host or alive(int(m.group(2))):
             continue
         try:
             os.unlink(os.path.join(directory, name))
@@ -193,7 +191,7 @@ class Work:
     """One posted message; ``wait(timeout)`` as gloo's work takes it."""
 
     __slots__ = ("transport", "kind", "peer", "tag", "tensor", "addr", "nbytes", "slot", "done_bytes",
-                 "done", "error")
+                 "done", "error", "end", "target")
 
     def __init__(self, transport, kind, peer, tag, tensor):
         self.transport, self.kind, self.peer, self.tag = transport, kind, peer, tag
@@ -204,6 +202,7 @@ class Work:
         self.done_bytes = -1 if kind == "send" else 0    # -1: the record header is not written yet
         self.done = False
         self.error = None
+        self.target = None    # a staged message: the receive it was matched to
 
     def is_completed(self):
         if not self.done and self.error is None:
@@ -233,26 +232,45 @@ class Mailbox:
 
     # Copies by address (memmove): a torch op costs microseconds of dispatch, which at
     # 4 KiB is more than the copy itself.
-    def write(self, pos, src, n):
-        """Copy ``n`` bytes from address ``src`` into the ring at stream position ``pos``, wrapping."""
+    def copy(self, pos, addr, n, into):
+        """Copy ``n`` bytes between address ``addr`` and the ring at stream position ``pos``,
+        wrapping: into the ring (``into``, a send) or out of it (a receive)."""
         at = pos % self.capacity
         first = min(n, self.capacity - at)
-        ctypes.memmove(self.base + at, src, first)
-        if first < n:
-            ctypes.memmove(self.base, src + first, n - first)
-
-    def read(self, pos, dst, n):
-        at = pos % self.capacity
-        first = min(n, self.capacity - at)
-        ctypes.memmove(dst, self.base + at, first)
-        if first < n:
-            ctypes.memmove(dst + first, self.base, n - first)
+        for ring, mem, k in ((self.base + at, addr, first), (self.base, addr + first, n - first)):
+            if k > 0:
+                if into:
+                    ctypes.memmove(ring, mem, k)
+                else:
+                    ctypes.memmove(mem, ring, k)
 
     def put_record(self, pos, tag, nbytes):
         struct.pack_into("<qq", self.buffer, self.offset + pos % self.capacity, tag, nbytes)
 
     def get_record(self, pos):
         return struct.unpack_from("<qq", self.buffer, self.offset + pos % self.capacity)
+
+
+def _advance(box, pos, work, room, into):
+    """Move as much of ``work``'s payload as ``room`` bytes of the ring allow, at stream
+    position ``pos``: into the ring (a send) or out of it (a receive). The stream advances by
+    the payload's slot (its size rounded up to 64), so only the real bytes are copied.
+    Returns how far the stream advanced; the whole slot has passed once
+    ``work.done_bytes == work.slot``."""
+    amount = min(room, work.slot - work.done_bytes)
+    if amount <= 0:
+        return 0
+    real = min(amount, work.nbytes - work.done_bytes)
+    if real > 0:
+        box.copy(pos, work.addr + work.done_bytes, real, into)
+    work.done_bytes += amount
+    return amount
+
+
+def _check_size(recv, nbytes):
+    if recv.nbytes != nbytes:
+        raise RuntimeError(f"a message of {nbytes} bytes arrived for a receive of "
+                           f"{recv.nbytes} bytes with the same tag")
 
 
 def _inbox_size(peers, capacity):
@@ -275,6 +293,8 @@ class ShmTransport:
         self.bells = bells                 # peer -> the write end of its doorbell
         self.pidfds = pidfds               # peer -> pidfd (readable once it exits), or None
         self.sends = {p: deque() for p in local}
+        self.unread = {p: deque() for p in local}   # sends written whole, not yet taken
+        self.staged = {p: [] for p in local}        # messages moved aside, in arrival order
         self.recvs = {p: [] for p in local}
         self.current = {p: None for p in local}     # the receive a partly read message goes to
         self.head = {p: 0 for p in local}           # my copy of each outbox's head
@@ -311,8 +331,12 @@ class ShmTransport:
         moved = False
         for peer in self.local:
             rang = False
+            if self.unread[peer] and self._taken(peer):
+                moved = True       # a waiting thread of this rank may sleep on that send
             if self.sends[peer]:
                 rang |= self._push(peer)
+            if self.staged[peer] and self.recvs[peer] and self._match_staged(peer):
+                moved = True
             if self.recvs[peer] or self.current[peer] is not None:
                 rang |= self._pull(peer)
             if rang:
@@ -337,22 +361,47 @@ class ShmTransport:
                 free -= RECORD
                 work.done_bytes = 0
                 moved = True
-            amount = min(free, work.slot - work.done_bytes)
-            if amount > 0:
-                real = min(amount, work.nbytes - work.done_bytes)
-                if real > 0:
-                    box.write(head, work.addr + work.done_bytes, real)
-                head += amount
-                work.done_bytes += amount
-                moved = True
+            step = _advance(box, head, work, free, into=True)
+            head += step
+            moved |= step > 0
             if work.done_bytes < work.slot:
                 break
-            work.done = True
+            # written, not yet taken: done once the receiver's tail has passed its end
             queue.popleft()
+            work.end = head
+            self.unread[peer].append(work)
         if moved:
             box.words[0] = head      # publish: the payload above is written before this store
             self.head[peer] = head
         return moved
+
+    def _taken(self, peer):
+        """Complete the sends whose bytes the receiver has copied out (its tail passed their end)."""
+        tail, unread, taken = self.outbox[peer].words[ALIGN // 8], self.unread[peer], False
+        while unread and tail >= unread[0].end:
+            unread.popleft().done = taken = True
+        return taken
+
+    def _match_staged(self, peer):
+        """Give each posted receive the first message moved aside with its tag (copied now if
+        it is whole, else when its last piece arrives). Returns whether a receive completed."""
+        completed = False
+        for recv in list(self.recvs[peer]):
+            found = next((m for m in self.staged[peer] if m.tag == recv.tag and m.target is None), None)
+            if found is None:
+                continue
+            _check_size(recv, found.nbytes)
+            self.recvs[peer].remove(recv)
+            found.target = recv
+            if found.done:
+                self._deliver(peer, found)
+                completed = True
+        return completed
+
+    def _deliver(self, peer, staged):
+        ctypes.memmove(staged.target.addr, staged.addr, staged.nbytes)
+        staged.target.done = True
+        self.staged[peer].remove(staged)
 
     def _pull(self, peer):
         box = self.inbox[peer]
@@ -366,27 +415,28 @@ class ShmTransport:
                 tag, nbytes = box.get_record(tail)
                 work = next((w for w in self.recvs[peer] if w.tag == tag), None)
                 if work is None:
-                    break       # no receive for it yet: it waits in the mailbox
-                if work.nbytes != nbytes:
-                    raise RuntimeError(f"a message of {nbytes} bytes arrived for a receive of "
-                                       f"{work.nbytes} bytes with the same tag")
-                self.recvs[peer].remove(work)
+                    if not self.recvs[peer]:
+                        break       # no receive for it yet, none waits behind it: it stays
+                    # a posted receive waits for a message behind this one: move this one
+                    # aside (one more copy, only here), as gloo matches by tag, not order
+                    work = Work(self, "stage", peer, tag, torch.empty(nbytes, dtype=torch.uint8))
+                    self.staged[peer].append(work)
+                else:
+                    _check_size(work, nbytes)
+                    self.recvs[peer].remove(work)
                 self.current[peer] = work
                 tail += RECORD
                 avail -= RECORD
                 moved = True
-            amount = min(avail, work.slot - work.done_bytes)
-            if amount > 0:
-                real = min(amount, work.nbytes - work.done_bytes)
-                if real > 0:
-                    box.read(tail, work.addr + work.done_bytes, real)
-                tail += amount
-                work.done_bytes += amount
-                moved = True
+            step = _advance(box, tail, work, avail, into=False)
+            tail += step
+            moved |= step > 0
             if work.done_bytes < work.slot:
                 break
             work.done = True
             self.current[peer] = None
+            if work.target is not None:
+                self._deliver(peer, work)
         if moved:
             box.words[ALIGN // 8] = tail    # the bytes are copied out before the room is given back
             self.tail[peer] = tail
@@ -435,7 +485,7 @@ class ShmTransport:
                 events = poller.poll(max(1, int(left * 1000)))
                 dead = [watched[fd] for fd, _ in events if fd in watched]
                 if self.pidfds and not events:
-                    dead += [p for p in waiting if self.pidfds.get(p) is None and not _alive(self.pids[p])]
+                    dead += [p for p in waiting if self.pidfds.get(p) is None and not alive(self.pids[p])]
                 self._drain()
                 if dead:
                     self._peer_died(dead[0], work)
@@ -444,7 +494,8 @@ class ShmTransport:
                 self.waiters -= 1
 
     def _waited_peers(self):
-        return [p for p in self.local if self.sends[p] or self.recvs[p] or self.current[p] is not None]
+        return [p for p in self.local
+                if self.sends[p] or self.unread[p] or self.recvs[p] or self.current[p] is not None]
 
     def _peer_died(self, peer, work):
         with self.lock:
@@ -477,14 +528,17 @@ class ShmTransport:
                 pass
 
 
-def connect(rank, size, allgather, required=False, capacity=DEFAULT_CAPACITY, directory=DIRECTORY,
+def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, directory=DIRECTORY,
             warn=None):
     """Set up shared memory between the ranks of one group that share a host.
 
     Args:
-        rank, size: this rank in the group and the group's size.
+        rank: this rank in the group.
+        pids: per group rank, its pid where it shares this rank's host, else None: the
+            group's agreement (``agreed.known(info).local_pids``), which every rank holds
+            alike, so no message is spent on who shares a host.
         allgather: ``allgather(bytes) -> [bytes of rank 0, 1, ...]`` over the group
-            (the door's, over gloo). Called three times, by every rank.
+            (the door's, over gloo). Called twice, by every rank.
         required: raise :class:`SetupFailed` on every rank if any rank of this host
             cannot make its inbox (``COLLECTIVES_TRANSPORT=shm``); else fall back.
         capacity: bytes of each mailbox's ring (a multiple of 64).
@@ -493,14 +547,18 @@ def connect(rank, size, allgather, required=False, capacity=DEFAULT_CAPACITY, di
     Returns:
         (ShmTransport or None, tuple of the group ranks it reaches): None when no
         peer shares this host or setup failed on the host (then gloo carries all).
+
+    Example::
+
+        >>> transport, peers = connect(comm.rank, agreement.local_pids, allgather)  # doctest: +SKIP
     """
     assert capacity % ALIGN == 0 and capacity >= 2 * RECORD
+    if pids[rank] is None:
+        raise ValueError("shm.connect: pids must give this rank's own pid")
     clean_stale(directory)
-    me = {"host": host_identity(), "pid": os.getpid()}
-    everyone = [json.loads(b) for b in allgather(json.dumps(me).encode())]
-    local = tuple(r for r in range(size) if r != rank and everyone[r]["host"] == me["host"])
+    local = tuple(r for r, pid in enumerate(pids) if r != rank and pid is not None)
     host_ranks = sorted((rank,) + local)
-    pids = {r: everyone[r]["pid"] for r in host_ranks}
+    pids = {r: pids[r] for r in host_ranks}
 
     # 2. my inbox: one mailbox per local peer, in the order of their ranks
     made, status = [], {"ok": True}
@@ -529,7 +587,7 @@ def connect(rank, size, allgather, required=False, capacity=DEFAULT_CAPACITY, di
         _unlink(made)
         if bell_r is not None:
             os.close(bell_r)
-        allgather(json.dumps({"ok": True}).encode())   # the third all-gather, which other hosts make
+        allgather(json.dumps({"ok": True}).encode())   # the second all-gather, which other hosts make
         return _fallback(failed, required, warn, directory)
     if not local:
         allgather(b"{}")

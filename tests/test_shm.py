@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from collectives import shm
+from collectives.tuning import agreed
 from tests.worlds import free_port, run_world
 
 
@@ -29,13 +30,20 @@ def allgather(data):
     return out
 
 
+def local_pids():
+    """Per rank, its pid where it shares this rank's host, else None: what the door reads
+    from the group's agreement (``collectives.tuning.agreed``), here gathered by torch."""
+    me = (agreed.host_identity(), os.getpid())
+    return [pid if host == me[0] else None for host, pid in allgather(me)]
+
+
 def payload(src, dst, i, numel, dtype=torch.float32):
     return (torch.arange(numel, dtype=torch.float64) + 1000 * src + 100 * dst + 10 * i).to(dtype)
 
 
 def exchange_all(rank, n, capacity, sizes):
     """Every rank sends every size to every other rank, all posted at once, tags out of order."""
-    t, local = shm.connect(rank, n, allgather, required=True, capacity=capacity)
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=capacity)
     assert sorted(local) == [r for r in range(n) if r != rank]
     if n == 1:
         return t is None
@@ -62,7 +70,7 @@ def test_every_byte_arrives_streamed_through_small_mailboxes(n):
 
 
 def dtypes_and_order(rank, n):
-    t, local = shm.connect(rank, n, allgather, required=True, capacity=1024)
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=1024)
     peer = 1 - rank
     ok = True
     for step, dtype in enumerate([torch.float64, torch.int8, torch.bool, torch.complex64, torch.bfloat16]):
@@ -81,8 +89,29 @@ def test_dtypes_and_messages_in_send_order():
     assert run_world(dtypes_and_order, 2) == [True, True]
 
 
+def overtaken(rank, n, capacity):
+    """Rank 0 sends tags 0 then 1; rank 1 waits for tag 1 first, then receives tag 0: the
+    message at the head of its mailbox must not block the one behind it (gloo matches by tag)."""
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=capacity)
+    numel = capacity // 2          # 2 x capacity bytes each: both stream through in pieces
+    if rank == 0:
+        works = [t.send([payload(0, 1, i, numel)], 1, tag=i) for i in (0, 1)]
+        for w in works:
+            w.wait(timeout=30)
+        return True
+    second, first = torch.zeros(numel), torch.zeros(numel)
+    t.recv([second], 0, tag=1).wait(timeout=30)
+    t.recv([first], 0, tag=0).wait(timeout=30)
+    return torch.equal(first, payload(0, 1, 0, numel)) and torch.equal(second, payload(0, 1, 1, numel))
+
+
+@pytest.mark.parametrize("capacity", [1024, 1 << 20])
+def test_a_receive_is_not_blocked_by_an_earlier_message_with_another_tag(capacity):
+    assert run_world(overtaken, 2, capacity, timeout=120) == [True, True]
+
+
 def killed_mid_transfer(rank, n):
-    t, local = shm.connect(rank, n, allgather, required=True, capacity=4096)
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=4096)
     if rank == 1:
         first = torch.zeros(10)
         t.recv([first], 0, tag=0).wait(timeout=30)
@@ -143,7 +172,7 @@ def files_of(pids):
 
 
 def nothing_left_after_setup(rank, n):
-    t, local = shm.connect(rank, n, allgather, required=True)
+    t, local = shm.connect(rank, local_pids(), allgather, required=True)
     pids = allgather(os.getpid())
     dist.barrier()
     return files_of(pids)
@@ -156,7 +185,7 @@ def test_no_file_outlives_setup():
 
 
 def stale_is_cleaned(rank, n, stale):
-    shm.connect(rank, n, allgather, required=True)
+    shm.connect(rank, local_pids(), allgather, required=True)
     return os.path.exists(stale)
 
 
@@ -184,7 +213,7 @@ def full_shm(rank, n, required):
         os.posix_fallocate = no_space     # this rank's /dev/shm is full
     lines = []
     try:
-        t, local = shm.connect(rank, n, allgather, required=required, warn=lines.append)
+        t, local = shm.connect(rank, local_pids(), allgather, required=required, warn=lines.append)
     except shm.SetupFailed as exc:
         return "error", str(exc)
     return (t is None, local, lines, files_of(allgather(os.getpid())))

@@ -6,18 +6,9 @@ import os
 import socket
 import sys
 
+from ..shm import alive
 from ..tools.launch import SetupError
 from .checkpoint import cannot_write, remove_partial_writes
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Lock:
@@ -85,7 +76,7 @@ def _take(out, path):
         if owner and owner.get("pid") != mine["pid"]:
             # A lock file whose writer holds no flock: a training on this host still alive
             # (one started before locks were flocks, or a file system without flock) keeps it.
-            if owner.get("host") == mine["host"] and _alive(owner.get("pid", -1)):
+            if owner.get("host") == mine["host"] and alive(owner.get("pid", -1)):
                 os.close(fd)
                 raise _in_use(out, path, owner)
             print(f"collectives.train: taking over a stale lock in {out} (pid {owner.get('pid')} "
