@@ -12,7 +12,7 @@ validation, reshaping, staging and dispatch around them.
 Adding an algorithm: its module (the function named after the collective, and
 ``cost``), one line in ``MODULES``, its test.
 """
-from . import (all_gather_bruck, all_gather_recursive_doubling, all_gather_ring,
+from . import (all_gather_bruck, all_gather_pat, all_gather_recursive_doubling, all_gather_ring,
                all_reduce_double_binary_tree, all_reduce_hierarchical, all_reduce_naive_ring,
                all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring,
                all_reduce_ring_pipelined, all_reduce_swing,
@@ -20,7 +20,7 @@ from . import (all_gather_bruck, all_gather_recursive_doubling, all_gather_ring,
                barrier_dissemination,
                broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
                broadcast_scatter_allgather, gather_binomial_tree, gather_linear,
-               reduce_binomial_tree, reduce_linear, reduce_scatter_recursive_halving,
+               reduce_binomial_tree, reduce_linear, reduce_scatter_pat, reduce_scatter_recursive_halving,
                reduce_scatter_ring, scatter_binomial_tree, scatter_linear)
 from ._cost import Cost  # noqa: F401  (re-exported: what cost() returns)
 
@@ -58,10 +58,12 @@ MODULES = {
         "ring": all_gather_ring,
         "recursive_doubling": all_gather_recursive_doubling,
         "bruck": all_gather_bruck,
+        "pat": all_gather_pat,
     },
     "reduce_scatter": {
         "ring": reduce_scatter_ring,
         "recursive_halving": reduce_scatter_recursive_halving,
+        "pat": reduce_scatter_pat,
     },
     "all_to_all": {
         "linear": all_to_all_linear,
