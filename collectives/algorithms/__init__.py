@@ -18,9 +18,9 @@ from . import (all_gather_bruck, all_gather_pat, all_gather_recursive_doubling, 
                all_reduce_ring_pipelined, all_reduce_swing,
                all_reduce_tree, all_to_all_bruck, all_to_all_linear, all_to_all_pairwise,
                barrier_dissemination,
-               broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
+               broadcast_bine, broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
                broadcast_scatter_allgather, gather_binomial_tree, gather_linear,
-               reduce_binomial_tree, reduce_linear, reduce_scatter_pat, reduce_scatter_recursive_halving,
+               reduce_bine, reduce_binomial_tree, reduce_linear, reduce_scatter_pat, reduce_scatter_recursive_halving,
                reduce_scatter_ring, scatter_binomial_tree, scatter_linear)
 from ._cost import Cost  # noqa: F401  (re-exported: what cost() returns)
 
@@ -30,10 +30,12 @@ MODULES = {
         "binomial_tree": broadcast_binomial_tree,
         "pipeline": broadcast_pipeline,
         "scatter_allgather": broadcast_scatter_allgather,
+        "bine": broadcast_bine,
     },
     "reduce": {
         "linear": reduce_linear,
         "binomial_tree": reduce_binomial_tree,
+        "bine": reduce_bine,
     },
     "all_reduce": {
         "naive_ring": all_reduce_naive_ring,
