@@ -105,3 +105,19 @@ def test_paper_claims_bine_and_pat_run_small(capsys):
                        "--pat-ranks", "8", "--pat-sizes", "1K,64K", "--pat-topologies", "ethernet-100g"])
     out = capsys.readouterr().out
     assert "dragonfly" in out and "crossover on ethernet-100g" in out
+
+
+@pytest.mark.parametrize("n", [5, 8, 12])
+def test_bine_all_reduce_float_sum_is_bitwise_equal_on_every_rank(n):
+    import torch
+
+    from collectives.algorithms import all_reduce_bine
+    from collectives.sim import simulate
+
+    from .test_new_algorithms import random_inputs
+    r = simulate("all_reduce", random_inputs(all_reduce_bine.all_reduce), n, 4 * 1000, device="cpu", check=False)
+    first = r.outputs[0][0]
+    assert all(torch.equal(out, first) for (out,) in r.outputs)
+    want = sum(torch.randn(1000, generator=torch.Generator().manual_seed(1000 + q)) * 10 ** (q % 7)
+               for q in range(n))
+    torch.testing.assert_close(first, want, rtol=1e-5, atol=n)

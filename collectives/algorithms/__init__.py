@@ -13,7 +13,7 @@ Adding an algorithm: its module (the function named after the collective, and
 ``cost``), one line in ``MODULES``, its test.
 """
 from . import (all_gather_bruck, all_gather_pat, all_gather_recursive_doubling, all_gather_ring,
-               all_reduce_double_binary_tree, all_reduce_hierarchical, all_reduce_naive_ring,
+               all_reduce_bine, all_reduce_double_binary_tree, all_reduce_hierarchical, all_reduce_naive_ring,
                all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring,
                all_reduce_ring_pipelined, all_reduce_swing,
                all_reduce_tree, all_to_all_bruck, all_to_all_linear, all_to_all_pairwise,
@@ -47,6 +47,7 @@ MODULES = {
         "double_binary_tree": all_reduce_double_binary_tree,
         "hierarchical": all_reduce_hierarchical,
         "swing": all_reduce_swing,
+        "bine": all_reduce_bine,
     },
     "scatter": {
         "linear": scatter_linear,

@@ -100,10 +100,10 @@ def cost(n, s, item=1):
     return t.cost()
 
 
-def broadcast(comm, tensor, root, far_first=True):
+def broadcast(comm, tensor, root, far_first=True, step0=0):
     n, r = comm.size, comm.rank
     up = tree(n, root, far_first).get(r)
     if up is not None:
-        comm.recv(tensor, *up)
+        comm.recv(tensor, up[0], step0 + up[1])
     for child, k in children(n, root, far_first).get(r, ()):
-        comm.send(tensor, child, k)
+        comm.send(tensor, child, step0 + k)

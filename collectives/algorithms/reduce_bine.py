@@ -50,14 +50,16 @@ def cost(n, s, item=1):
     return t.cost()
 
 
-def reduce(comm, tensor, root, op):
+def reduce(comm, tensor, root, op, keep_input=True):
+    """``keep_input=False``: combine into ``tensor`` on every rank (``all_reduce_bine``,
+    which overwrites it anyway), saving the copy."""
     n, r = comm.size, comm.rank
     last = ceil_log2(n) - 1
     below = children(n, root).get(r, ())
     acc = tensor
     if below:
         inbox = tensor.new_empty(tensor.shape)
-        if r != root:
+        if r != root and keep_input:
             acc = tensor.clone()   # a non-root's own tensor must stay unchanged
         for child, k in reversed(below):
             comm.recv(inbox, child, last - k)
