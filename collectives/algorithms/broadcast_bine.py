@@ -57,6 +57,8 @@ from functools import lru_cache
 from ._cost import NOTHING, Tally
 from .all_reduce_swing import rho
 
+AUTO = "measured"   # on a flat switch the binomial tree's figures: its gain is locality, which the cost model does not see
+
 
 def bine_peer(v, k, p):
     """The label that label ``v`` of a power-of-two ``p`` talks to in step ``k``."""

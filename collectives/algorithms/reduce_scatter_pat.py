@@ -50,7 +50,7 @@ The window order is this module's reading of the bounded aggregation.
 """
 from functools import lru_cache
 
-from ._cost import NOTHING, Tally
+from ._cost import NOTHING, Cost
 from .all_gather_pat import aggregation, schedule
 
 AUTO = "measured"
@@ -91,17 +91,15 @@ def cost(n, s, item=1):
     if n == 1:
         return NOTHING
     block = (s // item // n) * item
+    if block == 0:
+        return NOTHING
     a = aggregation(n, block)
-    t = Tally(n)
     todo = steps(n, a)
-    for step, (d, out, into) in enumerate(todo):
-        for r in range(n):
-            t.message(step, r, (r - d) % n, len(out) * block)
-            t.reduce(r, len(into) * block)
     widest = max(len(out) for _, out, _ in todo)
-    for r in range(n):
-        t.allocate(r, (pool_slots(n, a) + (2 * widest if widest > 1 else 1)) * block)
-    return t.cost()
+    total = (n - 1) * block   # every rank the same, every step (see all_gather_pat.cost)
+    return Cost(steps=len(todo), messages=len(todo), sent_bytes=total, recv_bytes=total,
+                critical_bytes=total, reduced_bytes=total,
+                extra_memory=(pool_slots(n, a) + (2 * widest if widest > 1 else 1)) * block)
 
 
 def reduce_scatter(comm, output, input_list, op):
