@@ -12,9 +12,9 @@ goals: >= 1.5x over recursive doubling at 1-16 MiB, never slower than the ring a
 Bine (De Sensi et al., SC'25, arXiv 2508.17311) claims up to 33% fewer bytes on a
 Dragonfly's global links. Here: the bytes the ``dragonfly`` preset's global links
 carry (``Result.link_bytes``) for broadcast and reduce, Bine tree against the binomial
-tree, for every root (the issue's goal: >= 25% fewer); and, as the paper compares them,
+tree, for every root (the issue's goal: >= 25% fewer); and
 both trees walked near hops first (the binomial's near-first walk is not a registered
-algorithm: a function here).
+algorithm: a function here), the order in which a public Bine schedule generator walks them.
 
 PAT (Jeaugey 2025, arXiv 2506.20252) is made for one rank per node at scale, where the
 ring's N-1 steps cost most. Here: all_gather time, PAT against the ring, one rank per
@@ -63,7 +63,7 @@ def binomial_near_first(comm, tensor, root):
 
 
 def bine_near_first(comm, tensor, root):
-    """The Bine broadcast walked near hops first, as the authors' schedule generator does."""
+    """The Bine broadcast walked near hops first, as the schedule generator ``broadcast_bine`` cites does."""
     broadcast_bine.broadcast(comm, tensor, root, far_first=False)
 
 

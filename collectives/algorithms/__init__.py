@@ -20,8 +20,8 @@ from . import (all_gather_bruck, all_gather_pat, all_gather_recursive_doubling, 
                barrier_dissemination,
                broadcast_bine, broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
                broadcast_scatter_allgather, gather_binomial_tree, gather_linear,
-               reduce_bine, reduce_binomial_tree, reduce_linear, reduce_scatter_pat, reduce_scatter_recursive_halving,
-               reduce_scatter_ring, scatter_binomial_tree, scatter_linear)
+               reduce_bine, reduce_binomial_tree, reduce_linear, reduce_scatter_pat,
+               reduce_scatter_recursive_halving, reduce_scatter_ring, scatter_binomial_tree, scatter_linear)
 from ._cost import Cost  # noqa: F401  (re-exported: what cost() returns)
 
 MODULES = {

@@ -15,9 +15,9 @@ This is the latency-oriented Bine all-reduce: whole tensors over the Bine trees 
 of the binomial tree's (``all_reduce_tree``'s) lengths, so more of them stay inside a
 group of nearby ranks. (Bine's bandwidth-optimal all-reduce, a reduce-scatter and an
 all-gather over the same negabinary peers with blocks renumbered so that each message
-is one run, is the communication pattern of ``all_reduce_swing``: the authors'
-schedule generator picks the peer v + rho(k) from an even rank and v - rho(k) from an
-odd one, exactly Swing's rule, so it is not registered twice.)
+is one run, is the communication pattern of ``all_reduce_swing``: the Bine schedule
+generator cited in ``broadcast_bine`` picks the peer v + rho(k) from an even rank and
+v - rho(k) from an odd one, exactly Swing's rule, so it is not registered twice.)
 
 Steps (L = ceil(log2 N)):
   1. Steps 0 .. L-1: ``reduce_bine`` to rank 0, combining in place (every tensor is

@@ -19,10 +19,10 @@ in 4 groups of 32, 27% fewer edges cross groups than the binomial tree's
 (``python -m benchmarks.paper_claims --claim bine``).
 
 Like our binomial tree, this one sends far first (k = log2(P)-1 down to 0): the
-many messages of the last steps go to near ranks. The authors' schedule generator
-walks broadcast trees near first (k = 0 up); ``tree(..., far_first=False)`` builds
-that one, which the benchmark compares with a near-first binomial tree, as the
-paper does.
+many messages of the last steps go to near ranks. The schedule generator cited
+below walks broadcast trees near first (k = 0 up); ``tree(..., far_first=False)``
+builds that one, which ``benchmarks/paper_claims.py`` compares with a near-first
+binomial tree.
 
 Steps (P = largest power of two <= N; labels v = (rank - root) mod N, the root's 0):
   1. Labels 0 .. P-1 form the Bine tree on P: in step j = 0 .. log2(P)-1 every label
@@ -45,19 +45,19 @@ Worked example, N=4, root 0 holds x (rho(1) = -1, then rho(0) = 1):
 
 Extra memory: none.
 
-Reference: De Sensi, Pichetti, Vella, De Matteis, Ren, Fusco, Turisini, Cesarini,
-Lust, Trivedi, Roweth, Spiga, Di Girolamo and Hoefler, "Bine Trees: Enhancing
-Collective Operations by Optimizing Communication Locality", SC'25 (arXiv
-2508.17311); the peer rule and the odd-root swap as in the authors' schedule
-generator (get_peer, build_tree_bine_flat in the paper's artifact). Non-powers of two here: the extra ranks
-hang off the power-of-two tree in one last step (the paper's own handling differs).
+Reference: De Sensi et al., "Bine Trees: Enhancing Collective Operations by
+Optimizing Communication Locality", SC'25 (arXiv 2508.17311). The peer rule as in a
+public Python schedule generator for Bine trees (``get_peer``, ``build_tree_bine_flat``),
+read for this module; that generator walks broadcast trees near hops first, swaps an
+odd root with its neighbour, and hangs the ranks a non-power of two leaves out on their
+last-step peers, where this module hangs ranks P .. N-1 off labels 0 .. N-P-1.
 """
 from functools import lru_cache
 
 from ._cost import NOTHING, Tally
 from .all_reduce_swing import rho
 
-AUTO = "measured"   # on a flat switch the binomial tree's figures: its gain is locality, which the cost model does not see
+AUTO = "measured"   # the binomial tree's figures on a flat switch: its gain is locality
 
 
 def bine_peer(v, k, p):

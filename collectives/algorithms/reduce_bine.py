@@ -36,7 +36,7 @@ from ._cost import NOTHING, Tally
 from ._util import ceil_log2
 from .broadcast_bine import children, tree
 
-AUTO = "measured"   # on a flat switch the binomial tree's figures: its gain is locality, which the cost model does not see
+AUTO = "measured"   # the binomial tree's figures on a flat switch: its gain is locality
 
 
 def cost(n, s, item=1):

@@ -1,4 +1,4 @@
-"""reduce_scatter, PAT (Parallel Aggregated Trees, NCCL 2.23): PAT's all-gather run backwards, partial sums in a log-sized pool.
+"""reduce_scatter, PAT (Parallel Aggregated Trees): the PAT all-gather run backwards, a log-sized pool.
 
 Semantics: ``output`` on rank i ends as ``op`` over every rank's ``input_list[i]``.
 
