@@ -3,8 +3,8 @@
 Semantics: ``tensor_list[i]`` on every rank ends as rank i's ``tensor``.
 
 Communication steps: ceil(log2 N) while (P/2) blocks fit in one message (P = the
-  power of two >= N; a block is S/N); with aggregation bounded to A blocks per
-  tree level (A a power of two, 2 <= A <= P), (W - 1) + W log2 A messages where
+  power of two >= N; a block is S/N); with aggregation bounded to windows of A
+  offsets (A a power of two, 2 <= A <= P; at most A/2 blocks a message), (W - 1) + W log2 A messages where
   W = ceil(N/A) windows; A = 2 (a block over the bound): N - 1 one-block messages
 Messages each rank sends: as many as steps (one per step)
 Bytes each rank sends: (N-1) * S/N, the least an all-gather can send, whatever A
