@@ -23,6 +23,8 @@ file per rank, ``collectives_trace_rank_<global rank>`` (a pickle, as torch's):
 Then ``python -m torch.distributed.flight_recorder.fr_trace DIR`` (``torchfrtrace``) matches the
 ranks' entries and names the first collective that a rank is missing or that differs in type
 or sizes. It cannot see a difference of op (torch records none); our own explanation can.
+Torch 2.11's analyzer reads NCCL and XCCL records only (it asserts on the ``gloo:`` prefix);
+newer ones read gloo's too: :func:`analyzer_reads_gloo` says which this torch is.
 
 Cost: one small dictionary per call, kept in a deque; nothing per message but two fields
 written while a call waits.
@@ -88,6 +90,16 @@ def _sizes(collective, fields, size):
             numel *= d
         return [shapes[0]], [[numel * size]]
     return shapes, shapes
+
+
+def analyzer_reads_gloo():
+    """Whether this torch's ``fr_trace`` accepts records named ``gloo:...`` (torch 2.11's does not)."""
+    import inspect
+    try:
+        from torch.distributed.flight_recorder.components import types
+        return '"gloo"' in inspect.getsource(types.Op.__init__)
+    except Exception:     # no analyzer in this torch, or no source to read
+        return False
 
 
 def record(info, collective, algorithm, description, fields, peers=None, timeout=None):

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from collectives.backend import backend_of
+from collectives.backend.process_group import BACKEND_SUBCLASSABLE
 from collectives.errors import CollectiveError
 
 from .worlds import DEATH_EXIT_CODE, run_world
@@ -33,6 +34,12 @@ def shrink_world(rank, n):
         failure = str(exc)
     else:
         raise AssertionError("an all_reduce with a dead member succeeded")
+    if not BACKEND_SUBCLASSABLE:
+        # torch 2.11 gives Backend no Python constructor, so our group cannot be shrunk; torch
+        # says so itself, before any message
+        with pytest.raises(TypeError, match="does not support shrinking"):
+            dist.shrink_group([DEAD])
+        return failure, None, dist.get_backend()
     group = dist.shrink_group([DEAD])
     assert dist.get_world_size(group) == n - 1
     assert backend_of(group) is not None            # still ours
@@ -51,7 +58,8 @@ def test_survivors_shrink_the_group_and_finish_an_all_reduce():
         if rank == DEAD:
             continue
         failure, values, backend = got
-        assert values == [want] * 5, (rank, values)
+        if BACKEND_SUBCLASSABLE:
+            assert values == [want] * 5, (rank, values)
         assert backend == "collectives"
         failures.append(failure)
     # a rank whose only wait was on a live peer may blame that peer (issue 38, part 2)

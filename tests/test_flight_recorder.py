@@ -166,6 +166,10 @@ def test_a_hang_is_named_and_dumped_for_torchs_analyzer(name, tmp_path):
 
     extra = ("--allow-incomplete-ranks",) if name in ("stopped", "killed") else ()
     code, text = _fr_trace(tmp_path, *extra)
+    if not flight_recorder.analyzer_reads_gloo():
+        # torch 2.11's analyzer refuses every record not named nccl/xccl, and nothing else
+        assert "name formatting error? gloo" in text, text
+        return
     assert "Traceback" not in text, text
     if pattern is not None:
         assert re.search(pattern, text), text

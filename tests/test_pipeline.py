@@ -8,7 +8,10 @@
   (each stage's backwards run in micro-batch order, so every gradient sums in the same
   order);
 * traffic: one step sends m activations forward and m gradients back, A bytes each, per
-  boundary (the formula of chapter 16), counted by ``count_traffic``;
+  boundary (the formula of chapter 16), and one 16-byte check header each way, counted by
+  ``count_traffic``;
+* a bad step (unequal micro-batches, too few targets, stages disagreeing on m) is refused
+  on every stage with one ValueError within seconds, whichever stage saw it;
 * 1F1B holds at most p - s micro-batches' activations on stage s; GPipe holds m.
 """
 import time
@@ -19,8 +22,10 @@ import torch.nn as nn
 
 import collectives
 from collectives import p2p_api
-from collectives.parallel.pipeline import PipelineStage, gpipe, one_f_one_b, split_sizes
-from tests.worlds import run_world
+from collectives.parallel.pipeline import PipelineStage, cost, gpipe, one_f_one_b, split_sizes
+from collectives.parallel.pipeline_interleaved import InterleavedStage
+from collectives.parallel.pipeline_zero_bubble import ZeroBubbleStage
+from tests.worlds import assert_refused_alike, attempt, run_world
 
 WIDTH, BATCH, BLOCKS, STEPS, LR = 6, 8, 5, 3, 0.1
 
@@ -96,8 +101,12 @@ def test_pipeline_equals_one_process_and_moves_what_the_formula_says():
             where = f"rank {rank}, p={p}, m={m}, {schedule}"
             assert r["equal"], f"{where}: parameters differ from one process"
             a = (BATCH // m) * WIDTH * 8                       # one micro-batch's activation, float64
-            sends = m * ((rank < p - 1) + (rank > 0))          # activations forward, gradients back
-            assert r["traffic"] == (sends * a, sends, sends * a, sends), where
+            neighbours = (rank < p - 1) + (rank > 0)
+            sends = m * neighbours                             # activations forward, gradients back
+            # and the step's check: one 16-byte header to each neighbouring stage, one from each
+            moved = (sends * a + 16 * neighbours, sends + neighbours)
+            assert r["traffic"] == moved + moved, where
+            assert cost(p, m, rank, a) == dict(messages=moved[1], bytes=moved[0]), where
             assert r["held"] == (m if schedule == "gpipe" else min(p - rank, m)), where
             checked += 1
     assert checked == 4 * 6 + 3 * 6 + 2 * 6 + 6
@@ -199,25 +208,44 @@ def test_a_receive_of_the_wrong_size_waits_and_is_explained():
     assert "timed out after 2 s" in r[1] or "closed the connection" in r[1], r[1]
 
 
-def _unequal(rank, world_size):
-    stage = PipelineStage(nn.Linear(WIDTH, WIDTH).double(), recv_shape=(3, WIDTH), dtype=torch.float64)
-    x = torch.zeros(10, WIDTH, dtype=torch.float64)
-    started = time.monotonic()
-    try:
-        stage.step(4, list(x.chunk(4)) if stage.first else None,
-                   list(x.chunk(4)) if stage.last else None, loss_fn)
-    except Exception as exc:        # noqa: BLE001 (the peers' error is whatever reached them)
-        return type(exc).__name__, str(exc), time.monotonic() - started
-    return "no error", "", time.monotonic() - started
+STAGES = {"1f1b": PipelineStage, "zb-h1": ZeroBubbleStage,
+          "interleaved": lambda module, **kw: InterleavedStage([module], **kw)}
 
 
-def test_unequal_micro_batches_are_refused_at_once_by_the_first_stage():
-    # A batch of 10 in 4 chunks: 3, 3, 3, 1. The first stage holds them all and refuses before any
-    # message; its leaving ends the others' waits (they waited out COLLECTIVES_TIMEOUT before).
-    results = run_world(_unequal, 3, env={"COLLECTIVES_TIMEOUT": "60"})
-    kind, said, took = results[0]
-    assert kind == "ValueError" and took < 1, results[0]
-    assert "micro-batches of unequal size [(3, 6), (3, 6), (3, 6), (1, 6)]" in said, said
-    for rank in (1, 2):
-        kind, said, took = results[rank]
-        assert kind == "CollectiveError" and took < 30, (rank, results[rank])
+def _refused(rank, world_size):
+    """Each kind of stage, three bad steps, each caught; then a good step on the same stages."""
+    out = {}
+    for kind, make in STAGES.items():
+        stage = make(nn.Linear(WIDTH, WIDTH).double(), recv_shape=(3, WIDTH), dtype=torch.float64)
+        first, last = rank == 0, rank == world_size - 1
+        ten, twelve = torch.zeros(10, WIDTH, dtype=torch.float64), torch.zeros(12, WIDTH, dtype=torch.float64)
+        bad = {
+            # a batch of 10 in 4 chunks: 3, 3, 3, 1 (the first stage holds them)
+            "unequal": (4, list(ten.chunk(4)) if first else None, list(twelve.chunk(4)) if last else None),
+            # the last stage was given 3 targets for 4 micro-batches
+            "targets": (4, list(twelve.chunk(4)) if first else None, list(twelve.chunk(4))[:3] if last else None),
+            # stage 1 thinks there are 2 micro-batches
+            "m": (2 if rank == 1 else 4, list(twelve.chunk(4)) if first else None,
+                  list(twelve.chunk(4)) if last else None),
+        }
+        for case, (m, xs, ts) in bad.items():
+            out[case, kind] = attempt(stage.step, m, xs, ts, loss_fn)
+        # the group is still usable: nothing was sent but the small check headers
+        x = torch.arange(12 * WIDTH, dtype=torch.float64).view(12, WIDTH)
+        loss = stage.step(4, list(x.chunk(4)) if first else None, list(x.chunk(4)) if last else None, loss_fn)
+        out["after", kind] = loss if last else None
+    return out
+
+
+def test_bad_steps_are_refused_on_every_stage_with_one_error_at_once():
+    """A batch of 10 in 4 micro-batches, 3 targets for 4, stages disagreeing on m: the stage
+    that sees it refuses, the check header carries its words down the pipeline and back, and
+    every stage raises the same ValueError within seconds, not after COLLECTIVES_TIMEOUT (60 s
+    here). The first stage catches its error and lives, as a caller would; the next step works."""
+    results = run_world(_refused, 3, env={"COLLECTIVES_TIMEOUT": "60"})
+    words = {"unequal": "stage 0 (rank 0): micro-batches of unequal size [(3, 6), (3, 6), (3, 6), (1, 6)]",
+             "targets": "stage 2 (rank 2): the last stage needs m=4 targets and a loss_fn, got 3 targets",
+             "m": "stage 1 (rank 1) was given m=2 micro-batches where stage 0 was given m=4"}
+    for kind in STAGES:
+        assert_refused_alike(results, {(case, kind): said for case, said in words.items()})
+        assert results[2]["after", kind] is not None, kind

@@ -2,8 +2,9 @@
 
 * memory by kind: ZeRO's 2 + 2 + 12 bytes per parameter, divided as each stage says;
   activations as ``block_activation_elements`` per layer for the micro-batches 1F1B holds;
-* communication by kind: the ring's 2(d-1)/d for DP, 8(t-1)/t A per layer and micro-batch
-  for TP (12 with recomputation), 2A per micro-batch for PP;
+* communication by kind: the ring's 2(d-1)/d for DP, 10(t-1)/t A per layer and micro-batch
+  for TP (14 with recomputation; counted from a real block in tests/test_plan_check.py), 2A
+  per micro-batch for PP;
 * every enumerated configuration multiplies to N; bad input fails before any simulation;
 * the CLI prints one configuration with the simulator's step time.
 """
@@ -22,12 +23,14 @@ def test_memory_by_kind():
         m = memory(MODEL, Config(dp=4, tp=2, pp=1, cp=1, zero=zero))
         local = p / 2
         assert m["parameters"] == 2 * local / (4 if zero >= 3 else 1)
-        assert m["gradients"] == 2 * local / (4 if zero >= 2 else 1)
+        assert m["gradients"] == 2 * local * [1, 1 + 1 / 4, 1 / 4, 1 / 4][zero]
         assert m["optimizer"] == 12 * local / (4 if zero >= 1 else 1)
     c = Config(dp=2, tp=2, pp=2, cp=2)
     m = memory(MODEL, c)            # 16 micro-batches per replica, stage 0 holds p = 2 of them
     assert m["activations"] == 2 * block_activation_elements(1024, 1, 2048, 16, 8192, 2, True) * 12 * 2
-    assert memory(MODEL, Config(2, 2, 2, 2, recompute=True))["activations"] == 2 * (1024 * 2048 // 2) * 12 * 2
+    # recomputation: each layer's input for the micro-batches held, plus the layer being recomputed
+    assert memory(MODEL, Config(2, 2, 2, 2, recompute=True))["activations"] == \
+        2 * (1024 * 2048 // 2) * (12 * 2 - 1) + 2 * block_activation_elements(1024, 1, 2048, 16, 8192, 2, True)
 
 
 def test_communication_by_kind():
@@ -35,8 +38,8 @@ def test_communication_by_kind():
     assert communication(MODEL, Config(8, 1, 1, 1))["dp"] == 2 * 7 / 8 * 2 * MODEL.params
     assert communication(MODEL, Config(8, 1, 1, 1, zero=3))["dp"] == 3 * 7 / 8 * 2 * MODEL.params
     tp = Config(4, 2, 1, 1)
-    assert communication(MODEL, tp)["tp"] == 8 * (1 / 2) * a * 24 * 16
-    assert communication(MODEL, Config(4, 2, 1, 1, recompute=True))["tp"] == 12 * (1 / 2) * a * 24 * 16
+    assert communication(MODEL, tp)["tp"] == 10 * (1 / 2) * a * 24 * 16
+    assert communication(MODEL, Config(4, 2, 1, 1, recompute=True))["tp"] == 14 * (1 / 2) * a * 24 * 16
     assert communication(MODEL, Config(4, 1, 2, 1))["pp"] == 2 * a * 16
 
 
@@ -75,3 +78,80 @@ def test_cli_shows_one_configuration_and_refuses_a_wrong_product(capsys):
     with pytest.raises(SystemExit):
         main(["--model", "1.2e9,24,2048,2048,64", "--ranks", "8", "--config", "2,2,1,1"])
     assert "not the 8 ranks" in capsys.readouterr().err
+
+
+# -- expert parallelism: the planner's figures against collectives/parallel/moe.py's own ------
+
+EP_H, EP_TOKENS = 8, 8          # hidden, tokens per rank
+
+
+def moe_step(rank, world_size, top_k):
+    """One MoE layer (4 experts, one per rank) whose router sends token i to experts i and i + 1
+    (mod 4): even routing, the planner's assumption. Returns (parameter values, bytes sent in
+    forward and backward, the split sizes)."""
+    import torch
+    import torch.nn as nn
+
+    import collectives
+    from collectives.parallel.moe import MoE, expert_mlp
+    torch.manual_seed(0)
+    router = nn.Linear(EP_H, world_size, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        router.weight.zero_()
+        router.weight[:, :world_size] = torch.eye(world_size)
+    experts = [expert_mlp(EP_H, 4 * EP_H, torch.float64) for _ in range(world_size)]
+    moe = MoE.from_experts(router, experts, top_k=top_k)
+    x = torch.zeros(EP_TOKENS, EP_H, dtype=torch.float64)
+    for i in range(EP_TOKENS):
+        x[i, i % world_size], x[i, (i + 1) % world_size] = 10.0, 5.0
+    x.requires_grad_()              # inside a network: the tokens' gradient travels back too
+    with collectives.count_traffic() as traffic:
+        moe(x).pow(2).sum().backward()
+    return sum(p.numel() for p in moe.parameters()), traffic.sent_bytes, moe.last_counts
+
+
+def test_expert_parallelism_matches_the_moe_layer():
+    from tests.worlds import run_world
+
+    for top_k in (1, 2):
+        results = run_world(moe_step, 4, top_k)
+        values = results[0][0]
+        # params: the router (H x 4) and one expert; the planner's dense model has one expert per layer
+        model = Model(params=values, layers=1, hidden=EP_H, seq=EP_TOKENS, batch=4, heads=1,
+                      experts=4, top_k=top_k, value_bytes=8)
+        config = Config(4, 1, 1, 1, ep=4)
+        check(model, config, 4)
+        assert memory(model, config)["parameters"] == 8 * values       # E/EP = 1 expert here, all of the router
+        planned = communication(model, config)["ep"]
+        for rank, (_, sent, (send, recv)) in enumerate(results):
+            assert send == [EP_TOKENS * top_k // 4] * 4, f"rank {rank}: routing not even, {send}"
+            assert sent == planned, f"top-{top_k}, rank {rank}: sent {sent} B, planned {planned} B"
+
+
+def test_expert_memory_and_gradient_groups():
+    moe = Model(params=1.2e9, layers=24, hidden=2048, seq=2048, batch=64, experts=8, top_k=2)
+    expert = 2 * 2048 * 8192 + 8192 + 2048
+    assert moe.expert_params == expert
+    dense = moe.params - 24 * expert
+    for ep in (1, 2, 4, 8):
+        m = memory(moe, Config(8, 1, 1, 1, ep=ep, zero=1))
+        assert m["parameters"] == 2 * (dense + 24 * expert * 8 // ep)
+        # ZeRO-1 shards the dense part's state over 8 ranks, the experts' over the 8 / ep holding each
+        assert m["optimizer"] == 12 * (dense / 8 + 24 * expert * (8 // ep) / (8 // ep))
+    with pytest.raises(ValueError, match="EP=3 must divide DP=4"):
+        check(moe, Config(4, 2, 1, 1, ep=3), 8)
+    with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
+        check(MODEL, Config(8, 1, 1, 1, ep=2), 8)
+    configs = configurations(moe, 8)
+    assert {c.ep for c in configs} == {1, 2, 4, 8}
+    assert all(c.dp % c.ep == 0 for c in configs)
+
+
+def test_cli_plans_experts_and_refuses_ep_on_a_dense_model(capsys):
+    assert main(["--model", "1.2e9,24,2048,2048,64", "--experts", "8", "--top-k", "2", "--ranks", "8",
+                 "--config", "8,1,1,1,4", "--zero", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "8 experts top-2" in out and "DP8 TP1 PP1 CP1 EP4 ZeRO-1" in out and "ep GB" in out
+    with pytest.raises(SystemExit):
+        main(["--model", "1.2e9,24,2048,2048,64", "--ranks", "8", "--config", "8,1,1,1,4"])
+    assert "needs a mixture-of-experts model" in capsys.readouterr().err

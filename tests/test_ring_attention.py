@@ -6,7 +6,6 @@ One world of 4 ranks, on groups of 1, 2, 3 and 4 of them, causal and not. float6
 softmax adds the same terms in another order (chunk by chunk, rescaled), so the results agree to
 rounding, not bitwise; 1e-10 after three steps (a missing chunk moves a parameter by ~1e-2).
 """
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -14,7 +13,8 @@ import torch.nn.functional as F
 
 import collectives
 from collectives.parallel.ring_attention import ring_attention
-from tests.worlds import run_world
+from collectives.parallel.ring_attention_zigzag import zigzag_ring_attention
+from tests.worlds import assert_refused_alike, attempt, run_world
 
 B, S, H, HEADS, STEPS, LR, E = 2, 12, 8, 2, 3, 0.5, 8     # S divisible by 1..4; 4H^2 + 4H = 288 too
 
@@ -78,14 +78,16 @@ def same_as_one_process(rank, world_size):
 
 
 def expected_traffic(n):
-    """Chapter 20: forward N-1 messages of (K, V) = 2c, backward N-1 of (K, V, dK, dV) = 4c and one
-    of (dK, dV) = 2c, c = B x heads x S/N x head_dim x e = B S H e / N; then the ring all_reduce of
+    """Chapter 20: the shape check (N-1 messages of 256 bytes), forward N-1 messages of (K, V) = 2c,
+    backward N-1 of (K, V, dK, dV) = 4c and one of (dK, dV) = 2c, c = B x heads x S/N x head_dim x e
+    = B S H e / N; then the ring all_reduce of
     the P = 4H^2 + 4H replicated projection parameters, 2(N-1)/N x P e in 2(N-1) messages."""
     if n == 1:
         return 0, 0
     c = B * S * H * E // n
     ring = (n - 1) * 2 * c + (n - 1) * 4 * c + 2 * c
-    return ring + 2 * (n - 1) * (4 * H * H + 4 * H) * E // n, 2 * n - 1 + 2 * (n - 1)
+    check = (n - 1) * 256              # first, every rank's chunk compared: N-1 lines of 256 bytes
+    return ring + check + 2 * (n - 1) * (4 * H * H + 4 * H) * E // n, 2 * n - 1 + (n - 1) + 2 * (n - 1)
 
 
 def test_ring_attention_trains_like_one_process_with_the_derived_traffic():
@@ -96,11 +98,6 @@ def test_ring_attention_trains_like_one_process_with_the_derived_traffic():
             assert moved > 1e-3, f"{what}: the parameters did not move"
             assert diff < 1e-10, f"{what}: differs from one process by {diff}"
             assert (sent, messages) == expected_traffic(n), f"{what}: sent {sent} B in {messages} messages"
-
-
-def test_shapes_are_checked_before_any_message():
-    with pytest.raises(ValueError, match="must share one shape"):
-        ring_attention(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 2, 4))
 
 
 def outsider(rank, world_size):
@@ -119,10 +116,40 @@ def test_a_rank_outside_the_group_is_told_so():
     assert "rank 1 is not a member of the group" in ranks[1]
 
 
-def uneven_chunks(rank, world_size):
-    q = torch.randn(1, 2, 4 + rank, 8, dtype=torch.float64)     # rank 1's chunk is longer: a bug
+def different_chunks(rank, world_size):
+    """Each case: one rank's chunk differs (or is wrong on its own); every rank catches what it gets."""
+    ok = torch.zeros(1, 2, 4, 8, dtype=torch.float64)
+    odd = {"length": torch.zeros(1, 2, 5, 8, dtype=torch.float64),
+           "heads": torch.zeros(1, 3, 4, 8, dtype=torch.float64),
+           "head_dim": torch.zeros(1, 2, 4, 6, dtype=torch.float64), "dtype": ok.float()}
+    out = {}
+    for case in list(odd) + ["own"]:
+        q = odd[case] if rank == 1 and case in odd else ok
+        k = torch.zeros(1, 2, 3, 8, dtype=torch.float64) if rank == 1 and case == "own" else q
+        out[case] = attempt(ring_attention, q, k, q)
+    out["after"] = ring_attention(ok + rank, ok, ok).sum().item()       # the group is still usable
+    return out
+
+
+def test_chunks_that_differ_between_ranks_are_refused_on_every_rank_at_once():
+    """Sequence length, heads, head dim or dtype differing on one rank of 3, or q, k, v that disagree
+    on one rank only: every rank raises the same ValueError naming the ranks and what each holds,
+    within seconds, not after COLLECTIVES_TIMEOUT (60 s here); the next call works."""
+    results = run_world(different_chunks, 3, env={"COLLECTIVES_TIMEOUT": "60"})
+    words = {"length": "ranks 0, 2: q, k, v [1, 2, 4, 8] float64, causal; rank 1: q, k, v [1, 2, 5, 8] float64, causal",
+             "heads": "rank 1: q, k, v [1, 3, 4, 8] float64",
+             "head_dim": "rank 1: q, k, v [1, 2, 4, 6] float64",
+             "dtype": "rank 1: q, k, v [1, 2, 4, 8] float32",
+             "own": "ring_attention: rank 1: q, k, v must share one shape (B, heads, S/N, head_dim), got "
+                    "[1, 2, 4, 8], [1, 2, 3, 8], [1, 2, 4, 8]"}
+    assert_refused_alike(results, words)
+    assert all(r["after"] == 0.0 for r in results)
+
+
+def mixed_calls(rank, world_size):
+    q = torch.randn(1, 2, 4, 8, dtype=torch.float64)     # one shape everywhere, but another ring
     try:
-        ring_attention(q, q, q)
+        (ring_attention if rank == 0 else zigzag_ring_attention)(q, q, q)
     except collectives.DesyncError as exc:
         return str(exc)
     return None
@@ -130,7 +157,7 @@ def uneven_chunks(rank, world_size):
 
 def test_ring_passes_are_calls_through_the_door_desync_check_included():
     """Each ring pass is a call of the call machinery: with COLLECTIVES_DEBUG=1 ranks that
-    disagree on the chunk are told so, on every rank, before any key moves."""
-    for text in run_world(uneven_chunks, 2, env={"COLLECTIVES_DEBUG": "1"}):
-        assert text and "ranks disagree on call #0" in text
-        assert "rank 1 called ring_attention(shape=[160], dtype=float64, moves=1, algorithm=ring)" in text
+    call different rings are told so, on every rank, before any key moves."""
+    for text in run_world(mixed_calls, 2, env={"COLLECTIVES_DEBUG": "1"}):
+        assert text and "ranks disagree on call #1" in text, text
+        assert "rank 1 called ring_attention_zigzag(shape=[128], dtype=float64, moves=1, algorithm=ring)" in text

@@ -4,7 +4,7 @@ One world of 4 ranks, on groups of 1, 2, 3 and 4: forward and backward (dQ, dK, 
 ``F.scaled_dot_product_attention`` on the whole sequence within 1e-12 in float64, causal
 and not, and with packed documents (a mask per document) whose positions restart at each
 document (positions computed on the whole sequence, cut with the zig-zag layout like the
-tokens). Bad input raises before any message.
+tokens). Bad input on one rank is refused on every rank, at once, before any key moves.
 """
 import pytest
 import torch
@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from collectives.parallel.ring_attention_zigzag import work, zigzag_merge, zigzag_ring_attention, zigzag_split
-from tests.worlds import run_world
+from tests.worlds import assert_refused_alike, attempt, run_world
 
 B, HEADS, S, D = 2, 2, 24, 4          # S divisible by 2N for N = 1..4
 DOCS = [[5, 9, 3, 7], [12, 1, 11]]     # packed documents per batch row (lengths sum to S)
@@ -88,12 +88,28 @@ def test_layout_and_work():
     assert work(4) == [9] * 4 and work(4, zigzag=False) == [4, 8, 12, 16]     # busiest / mean: 1.6
 
 
-def test_bad_input_raises_before_any_message():
+def bad_inputs(rank, world_size):
+    """Each case wrong on rank 1 only; every rank catches what it gets. Then a good call."""
+    ok = torch.zeros(1, 1, 4, 4)
+    bad = {"odd": (torch.zeros(1, 1, 3, 4), None), "doc_ids": (ok, torch.zeros(1, 3, dtype=torch.long)),
+           "length": (torch.zeros(1, 1, 6, 4), None), "no doc_ids": (ok, None)}
+    out = {}
+    for case, (q, ids) in bad.items():
+        if rank != 1:
+            q, ids = ok, (torch.zeros(1, 4, dtype=torch.long) if case == "no doc_ids" else None)
+        out[case] = attempt(lambda: zigzag_ring_attention(q, q, q, doc_ids=ids))
+    out["after"] = zigzag_ring_attention(ok, ok, ok).sum().item()
+    return out
+
+
+def test_bad_input_is_refused_on_every_rank_at_once():
     with pytest.raises(ValueError, match="must be divisible by 2N = 6"):
         zigzag_split(torch.zeros(1, 8), 3, 0)
-    q = torch.zeros(1, 1, 3, 4)
-    with pytest.raises(ValueError, match="must be even"):
-        zigzag_ring_attention(q, q, q)
-    q = torch.zeros(1, 1, 4, 4)
-    with pytest.raises(ValueError, match="doc_ids must have shape"):
-        zigzag_ring_attention(q, q, q, doc_ids=torch.zeros(1, 3, dtype=torch.long))
+    results = run_world(bad_inputs, 3, env={"COLLECTIVES_TIMEOUT": "60"})
+    words = {"odd": "zigzag_ring_attention: rank 1: this rank's sequence length 3 must be even",
+             "doc_ids": "zigzag_ring_attention: rank 1: doc_ids must have shape (B, S/N) = [1, 4], got [1, 3]",
+             "length": "ranks 0, 2: q, k, v [1, 1, 4, 4] float32, causal; rank 1: q, k, v [1, 1, 6, 4] float32, causal",
+             "no doc_ids": "ranks 0, 2: q, k, v [1, 1, 4, 4] float32, causal, doc_ids; rank 1: q, k, v [1, 1, 4, 4] "
+                           "float32, causal;"}
+    assert_refused_alike(results, words)
+    assert all(r["after"] == 0.0 for r in results)

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 import collectives
-from collectives.parallel.tensor_parallel import (Block, ColumnParallelLinear, ParallelBlock, exposed_waits,
-                                                  reduce_replicated_grads)
-from tests.worlds import run_world
+from collectives.parallel.tensor_parallel import (Block, ColumnParallelLinear, ParallelBlock, RowParallelLinear,
+                                                  exposed_waits, reduce_replicated_grads)
+from tests.worlds import assert_refused_alike, attempt, run_world
 
 S, B, H, HEADS, FFN = 12, 2, 24, 12, 48     # S, H, HEADS, FFN divisible by 1, 2, 3, 4
 STEPS, LR = 3, 0.1
@@ -89,7 +89,8 @@ def expected_traffic(n, sequence_parallel):
     """Chapter 17: four collectives of the activation A = S x B x H x e per block and step, each
     sending 2(N-1)/N x A per rank (all_reduce, ring) or (N-1)/N x A (all_gather, reduce_scatter:
     eight of them, ten when the column-parallel inputs are gathered again in backward); sequence
-    parallel adds one all_reduce of the LayerNorm and bias gradients."""
+    parallel adds one all_reduce of the LayerNorm and bias gradients, and the check that every
+    rank holds a shard of one shape (N-1 messages of 256 bytes)."""
     if n == 1:
         return 0, 0
     a = S * B * H * E
@@ -99,6 +100,9 @@ def expected_traffic(n, sequence_parallel):
         replicated = (2 * H + 2 * H + 2 * H) * E    # ln1, ln2 (weight, bias), attn.out.bias, mlp.fc2.bias
         sent += 2 * (n - 1) * replicated // n
         messages += 2 * (n - 1)
+        # and first, every rank's shard compared: one ring all_gather of 256-byte lines per block forward
+        sent += (n - 1) * 256
+        messages += n - 1
     return sent, messages
 
 
@@ -200,3 +204,41 @@ def test_overlap_arguments_are_refused_before_any_message():
         assert "not 'regather'" in errors[1]
         assert "overlap=-1 must be a chunk count" in errors[2]
         assert "3 positions per rank is not divisible by overlap=2" in errors[3]
+
+
+def different_shards(rank, world_size):
+    """Each case: rank 1's sequence-parallel input differs from the others' (or is wrong on its
+    own); every rank catches what it gets. Then a good step on the same layers."""
+    shard = torch.zeros(S // 3, B, H, dtype=torch.float64)
+    block = ParallelBlock(reference_block(), None, True)
+    column = ColumnParallelLinear(H, FFN, True, None, True, torch.float64)
+    overlapped = ColumnParallelLinear(H, FFN, True, None, True, torch.float64, overlap=2)
+    row = RowParallelLinear(FFN, H, True, None, True, torch.float64)
+    cases = {"block": (block, shard, torch.zeros(S // 3 + 1, B, H, dtype=torch.float64)),
+             "batch": (column, shard, torch.zeros(S // 3, B + 1, H, dtype=torch.float64)),
+             "overlap": (overlapped, shard, torch.zeros(S // 3 + 2, B, H, dtype=torch.float64)),
+             "row": (row, torch.zeros(S, B, FFN // 3, dtype=torch.float64),
+                     torch.zeros(S + 3, B, FFN // 3, dtype=torch.float64)),
+             "row own": (row, torch.zeros(S, B, FFN // 3, dtype=torch.float64),
+                         torch.zeros(S - 2, B, FFN // 3, dtype=torch.float64))}
+    out = {}
+    for case, (layer, good, bad) in cases.items():
+        out[case] = attempt(layer, bad if rank == 1 else good)
+    out["after"] = tuple(block(shard).shape)        # the group is still usable
+    return out
+
+
+def test_sequence_parallel_shards_that_differ_are_refused_on_every_rank_at_once():
+    """A longer shard, another batch, an overlapped layer's shard, a row-parallel input of another
+    length on one rank of 3, or a length not divisible by N on one rank: every rank raises the same
+    ValueError naming the ranks and shapes within seconds, not after COLLECTIVES_TIMEOUT (60 s)."""
+    results = run_world(different_shards, 3, env={"COLLECTIVES_TIMEOUT": "60"})
+    words = {"block": "ColumnParallelLinear: ranks hold different inputs: ranks 0, 2: x [4, 2, 24] float64; "
+                      "rank 1: x [5, 2, 24] float64",
+             "batch": "ranks 0, 2: x [4, 2, 24] float64; rank 1: x [4, 3, 24] float64",
+             "overlap": "ranks 0, 2: x [4, 2, 24] float64; rank 1: x [6, 2, 24] float64",
+             "row": "RowParallelLinear: ranks hold different inputs: ranks 0, 2: x [12, 2, 16] float64; "
+                    "rank 1: x [15, 2, 16] float64",
+             "row own": "RowParallelLinear: rank 1: the sequence length 10 is not divisible by the group size 3"}
+    assert_refused_alike(results, words)
+    assert all(r["after"] == (S // 3, B, H) for r in results)

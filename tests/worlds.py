@@ -32,3 +32,24 @@ def run_world(fn, world_size, *args, timeout=DEFAULT_TIMEOUT, env=None, backend=
         others = "".join(f"\n--- rank {r}:\n{tb}" for r, tb in sorted(exc.errors.items())
                          if r != exc.rank and isinstance(tb, str))
         raise AssertionError(f"{exc}{others}") from None
+
+
+def attempt(fn, *args):
+    """``fn(*args)`` on this rank: (exception type name or "no error", its text, seconds taken)."""
+    import time
+    started = time.monotonic()
+    try:
+        fn(*args)
+        return "no error", "", time.monotonic() - started
+    except Exception as exc:        # noqa: BLE001 (whatever reached this rank is the result)
+        return type(exc).__name__, str(exc), time.monotonic() - started
+
+
+def assert_refused_alike(results, words, within=10.0):
+    """Each case of ``words`` (case -> text): every rank's ``results[rank][case]`` (from
+    :func:`attempt`) is the same ValueError, containing the text, raised within ``within`` s."""
+    for case, said in words.items():
+        assert len({r[case][1] for r in results}) == 1, (case, [r[case] for r in results])
+        for rank, r in enumerate(results):
+            error, text, took = r[case]
+            assert error == "ValueError" and said in text and took < within, (case, rank, r[case])

@@ -70,10 +70,13 @@ def ceil_log2(n):
     return (n - 1).bit_length()
 
 
-def tally_fold_in(tally, extra, step, nbytes):
-    """Count :func:`fold_in`: in each folded pair the even rank sends ``nbytes`` to the odd one."""
+def tally_fold_in(tally, extra, step, nbytes, reduced=False):
+    """Count :func:`fold_in`: in each folded pair the even rank sends ``nbytes`` to the odd one
+    (which, where ``reduced``, folds them into its own)."""
     for i in range(extra):
         tally.message(step, 2 * i, 2 * i + 1, nbytes)
+        if reduced:
+            tally.reduce(2 * i + 1, nbytes)
 
 
 def tally_fold_out(tally, extra, step, nbytes):

@@ -43,9 +43,7 @@ def cost(n, s, item=1):
     t = Tally(n)
     step = 0
     if extra:
-        tally_fold_in(t, extra, step, s)
-        for i in range(extra):
-            t.reduce(2 * i + 1, s)
+        tally_fold_in(t, extra, step, s, reduced=True)
         step += 1
     for mask_bit in range(p.bit_length() - 1):
         for v in range(p):

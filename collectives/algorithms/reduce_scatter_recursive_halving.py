@@ -119,9 +119,7 @@ def cost(n, s, item=1):
     t = Tally(n)
     step = 0
     if extra:
-        tally_fold_in(t, extra, step, s)
-        for i in range(extra):
-            t.reduce(2 * i + 1, s)
+        tally_fold_in(t, extra, step, s, reduced=True)
         step += 1
     bounds = [first_real_rank(u, extra) * c for u in range(p)] + [n * c]
     tally_recursive_halving(t, bounds, p, extra, step, item)

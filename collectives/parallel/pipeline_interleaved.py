@@ -30,7 +30,10 @@ pipeline fills and drains in (p - 1) small steps instead of big ones: a step tak
 (m + (p - 1) / v)(t_f + t_b), and the bubble is (p - 1) / (v m + p - 1)
 (:func:`bubble_fraction`). The price: every micro-batch's activation crosses p*v - 1
 boundaries instead of p - 1, so each rank sends v times as many messages (A bytes each),
-:func:`cost`. It needs m to be a multiple of p (the groups of p above).
+:func:`cost`. It needs m to be a multiple of p (the groups of p above). Before the
+first activation, the step's check of :func:`collectives.parallel.pipeline.check_step`
+(16 bytes to each neighbouring stage, down the stages and back) refuses a bad step on
+every rank alike.
 
 Reference: D. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
 Clusters Using Megatron-LM", SC 2021, section 2.2.
@@ -42,8 +45,7 @@ import torch.distributed as dist
 
 from .. import p2p_api
 from ..group import group_info
-
-ACTIVATION, GRADIENT = 0, 1     # message tags, as in collectives.parallel.pipeline
+from .pipeline import ACTIVATION, GRADIENT, HEADER_BYTES, check_step
 
 
 def bubble_fraction(p, m, v):
@@ -52,7 +54,8 @@ def bubble_fraction(p, m, v):
 
 
 def cost(p, m, v, activation_bytes):
-    """Bytes and messages one rank sends per step (activations forward + gradients back).
+    """Bytes and messages one rank sends per step (activations forward + gradients back, and the
+    step's check: one 16-byte header to each neighbouring stage).
 
     Every virtual boundary but the model's ends carries one activation forward and one
     gradient back per micro-batch; a rank owns the outgoing side of v of them in each
@@ -60,15 +63,24 @@ def cost(p, m, v, activation_bytes):
     """
     boundaries = p * v - 1                    # per micro-batch, each way
     messages = 2 * m * boundaries / p         # average over ranks
-    return dict(messages=messages, bytes=messages * activation_bytes)
+    checks = 2 * (p - 1) / p                  # the step's check, down the stages and back
+    return dict(messages=messages + checks, bytes=messages * activation_bytes + checks * HEADER_BYTES)
+
+
+def _rule(p, m, v):
+    """What is wrong with interleaving ``m`` micro-batches over ``p`` ranks of ``v`` chunks; None if nothing."""
+    if v < 1 or m < 1:
+        return f"v (chunks per rank) and m (micro-batches) must be >= 1, got v={v}, m={m}"
+    if v > 1 and m % p:
+        return (f"interleaving sends micro-batches in groups of p: m={m} must be a "
+                f"multiple of the number of stages p={p}")
+    return None
 
 
 def check(p, m, v, where="interleaved_1f1b"):
-    if v < 1 or m < 1:
-        raise ValueError(f"{where}: v (chunks per rank) and m (micro-batches) must be >= 1, got v={v}, m={m}")
-    if v > 1 and m % p:
-        raise ValueError(f"{where}: interleaving sends micro-batches in groups of p: m={m} must be a "
-                         f"multiple of the number of stages p={p}")
+    problem = _rule(p, m, v)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
 
 
 def interleaved_1f1b(p, m, v, s):
@@ -113,7 +125,7 @@ class InterleavedStage:
         self.v = len(self.chunks)
         if self.v < 1:
             raise ValueError("InterleavedStage: chunks must hold at least one module")
-        self.stage, self.num_stages = info.rank, info.size
+        self.stage, self.num_stages, self.ranks = info.rank, info.size, info.ranks
         p = self.num_stages
         self.prev = info.ranks[(self.stage - 1) % p]     # global ranks, around the ring
         self.next = info.ranks[(self.stage + 1) % p]
@@ -128,12 +140,9 @@ class InterleavedStage:
         (the first rank gives the m inputs, the last the targets and ``loss_fn``).
         """
         p, v, s = self.num_stages, self.v, self.stage
-        check(p, m, v, "InterleavedStage.step")
         first, last = s == 0, s == p - 1
-        if (first and (micro_batches is None or len(micro_batches) != m)) or \
-                (last and (targets is None or len(targets) != m or loss_fn is None)):
-            raise ValueError(f"InterleavedStage.step: the first stage needs m={m} micro_batches, the last m "
-                             f"targets and a loss_fn")
+        rule = _rule(p, m, v) if isinstance(m, int) and not isinstance(m, bool) else None
+        check_step(self, "InterleavedStage.step", m, micro_batches, targets, loss_fn, rule)
         self.spans, self.peak_held = [], 0
         me = dist.get_rank()
         local = {ACTIVATION: [], GRADIENT: []}    # messages to myself (p = 1): in order, like a link

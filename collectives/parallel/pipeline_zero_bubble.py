@@ -34,7 +34,9 @@ deferred W's. The bubble is therefore (p-1)(t_f+t_b-t_w) / (m(t_f+t_b+t_w) +
 equal, against 1F1B's 3(p-1)/(3m+3(p-1)) = (p-1)/(m+p-1). A stage holds at most p
 micro-batches' activations, like 1F1B's first stage (a pending W keeps its stage's
 input and output gradient). Messages: those of 1F1B (:func:`collectives.parallel.pipeline`).
-Here ``W`` re-walks the stage's autograd graph for the weights (``torch.autograd.backward``
+Before them, the step's check (:func:`collectives.parallel.pipeline.check_step`: 16 bytes
+to each neighbour, a bad step refused on every stage alike). Here ``W`` re-walks the
+stage's autograd graph for the weights (``torch.autograd.backward``
 with ``inputs=`` the parameters), so a stage of several layers recomputes the
 intermediate input-gradients once more; a stage of one layer pays nothing extra.
 
@@ -47,9 +49,7 @@ import torch
 import torch.distributed as dist
 
 from .. import p2p_api
-from ..group import group_info
-
-ACTIVATION, GRADIENT = 0, 1     # message tags, as in collectives.parallel.pipeline
+from .pipeline import GRADIENT, PipelineStage, check_step
 
 
 def zb_h1(p, m, s):
@@ -107,8 +107,9 @@ def bubble_fraction(p, m, t_f=1.0, t_b=1.0, t_w=1.0):
     return ramp / (m * (t_f + t_b + t_w) + ramp)
 
 
-class ZeroBubbleStage:
-    """This rank's stage of a ZB-H1 pipeline: the arguments of :class:`~collectives.parallel.pipeline.PipelineStage`.
+class ZeroBubbleStage(PipelineStage):
+    """This rank's stage of a ZB-H1 pipeline: the arguments of :class:`~collectives.parallel.pipeline.PipelineStage`,
+    and its forward; only the order of work and the split backward are its own.
 
     Example::
 
@@ -118,30 +119,13 @@ class ZeroBubbleStage:
         >>> optimizer.step()
     """
 
-    def __init__(self, module, recv_shape=None, group=None, dtype=torch.float32):
-        info = group_info(group, "collectives.parallel.pipeline_zero_bubble")
-        self.module, self.group, self.dtype = module, group, dtype
-        self.stage, self.num_stages = info.rank, info.size
-        self.first, self.last = self.stage == 0, self.stage == self.num_stages - 1
-        self.prev = None if self.first else info.ranks[self.stage - 1]
-        self.next = None if self.last else info.ranks[self.stage + 1]
-        if not self.first and recv_shape is None:
-            raise ValueError("ZeroBubbleStage: recv_shape (the activation's shape arriving from the "
-                             "previous stage) is required on every stage but the first")
-        self.recv_shape = tuple(recv_shape) if recv_shape is not None else None
-        self.spans = []
-        self.peak_held = 0
-
     def step(self, m, micro_batches=None, targets=None, loss_fn=None):
         """Forward, input-gradient and weight-gradient passes of every micro-batch, in ZB-H1's order.
 
         Args and Returns as :meth:`collectives.parallel.pipeline.PipelineStage.step`. On the
         first stage ``B`` computes the input's gradient only if the input requires one.
         """
-        if m < 1 or (self.first and (micro_batches is None or len(micro_batches) != m)) or \
-                (self.last and (targets is None or len(targets) != m or loss_fn is None)):
-            raise ValueError(f"ZeroBubbleStage.step: m must be >= 1; the first stage needs m={m} "
-                             f"micro_batches, the last m targets and a loss_fn")
+        check_step(self, "ZeroBubbleStage.step", m, micro_batches, targets, loss_fn)
         self.spans, self.peak_held = [], 0
         me = dist.get_rank()
         weights = [q for q in self.module.parameters() if q.requires_grad]
@@ -149,19 +133,8 @@ class ZeroBubbleStage:
         for kind, i in zb_h1(self.num_stages, m, self.stage):
             start = time.time()
             if kind == "F":
-                if self.first:
-                    x = micro_batches[i]
-                else:
-                    x = torch.empty(self.recv_shape, dtype=self.dtype)
-                    p2p_api.recv(x, self.prev, self.group, tag=ACTIVATION)
-                    x.requires_grad_()
-                start = time.time()
-                y = self.module(x)
-                if self.last:
-                    y = loss_fn(y, targets[i]) / m
-                    total += y.item()
-                if not self.last:
-                    sends.append(p2p_api.isend(y.detach(), self.next, self.group, tag=ACTIVATION))
+                x, y, loss = self.forward(i, m, micro_batches, targets, loss_fn, sends)
+                total += loss
                 held[i] = (x, y)
                 self.peak_held = max(self.peak_held, len(held))
             elif kind == "B":
@@ -183,7 +156,8 @@ class ZeroBubbleStage:
                     torch.autograd.backward(y, grads.pop(i), inputs=weights)
                 else:
                     grads.pop(i)
-            self.spans.append((me, f"{kind}{i}", start, time.time()))
+            if kind != "F":                  # the forward keeps its own span
+                self.spans.append((me, f"{kind}{i}", start, time.time()))
             sends = [work for work in sends if not (work.is_completed() and work.wait())]
         for work in sends:
             work.wait()

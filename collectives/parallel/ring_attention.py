@@ -25,7 +25,11 @@ ranks idle while high ranks work; the "zig-zag" chunk order fixes that
 
 Bytes rank r sends for one layer and step, c = bytes of one K chunk
 (B x heads x S/N x head_dim x e): forward (N-1) x 2c in N-1 messages, backward
-(N-1) x 4c + 2c in N messages.
+(N-1) x 4c + 2c in N messages. Before the forward's first key moves, every rank's
+chunk is compared (:func:`collectives.parallel.shapes.same_shapes`: one line each,
+"q, k, v [B, heads, S/N, head_dim] dtype", in a ring all_gather of N-1 messages of
+256 bytes), so a rank whose chunk differs (a longer sequence, other heads) makes every
+rank raise the same ValueError at once instead of waiting out the timeout.
 
 Every message goes through the library's door: one ring pass is one call through
 :mod:`collectives.call` (``CallState`` and ``run``: the group's engine lane, tags
@@ -37,6 +41,28 @@ import torch
 import torch.distributed as dist
 
 from ..call import CallState, nbytes, run
+from .shapes import same_shapes
+
+NEED = "every rank must hold q, k, v of one shape (B, heads, S/N, head_dim) and dtype, and the same causal"
+
+
+def check_chunks(where, group, q, k, v, causal, fault=None, extra=""):
+    """Refuse on every rank alike chunks that differ between ranks or are wrong on one (``fault``)."""
+    if fault is None and not (q.shape == k.shape == v.shape and q.dim() == 4):
+        fault = (f"q, k, v must share one shape (B, heads, S/N, head_dim), got "
+                 f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    if fault is None and not q.dtype == k.dtype == v.dtype:
+        fault = f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    line = f"q, k, v {list(q.shape)} {str(q.dtype).replace('torch.', '')}, {'causal' if causal else 'full'}{extra}"
+    same_shapes(where, group, line, fault, NEED)
+
+
+def start_online_softmax(q, k, v):
+    """The forward's starting state: 1/sqrt(d), q, k, v detached, output o = 0, running max m = -inf,
+    running sum l = 0, and the number of elements of one K chunk."""
+    q, k, v = q.detach(), k.detach(), v.detach()
+    m = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+    return 1.0 / math.sqrt(q.shape[-1]), q, k, v, torch.zeros_like(q), m, torch.zeros_like(m), k.numel()
 
 
 def _ring(group, name, block, visit, moves, overlap):
@@ -93,12 +119,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal):
         n, r = dist.get_world_size(group), dist.get_rank(group)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        q, k, v = q.detach(), k.detach(), v.detach()
-        o = torch.zeros_like(q)
-        m = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
-        l = torch.zeros_like(m)
-        size = k.numel()
+        scale, q, k, v, o, m, l, size = start_online_softmax(q, k, v)
 
         def visit(j, block):
             nonlocal m, l
@@ -159,6 +180,10 @@ def ring_attention(q, k, v, group=None, causal=True):
         head_dim)``, differentiable in q, k and v; what
         ``F.scaled_dot_product_attention`` gives on the whole sequence, cut the same way.
 
+    Raises:
+        ValueError: on every rank alike, before any key moves, if q, k, v differ in shape or
+            dtype on one rank, or ranks hold chunks of different shapes, dtypes or ``causal``.
+
     Example::
 
         >>> out = ring_attention(q, k, v)          # 4 ranks, each 1/4 of the sequence
@@ -166,7 +191,5 @@ def ring_attention(q, k, v, group=None, causal=True):
         >>> torch.allclose(out, full.chunk(4, dim=2)[rank])
         True
     """
-    if not (q.shape == k.shape == v.shape and q.dim() == 4):
-        raise ValueError(f"ring_attention: q, k, v must share one shape (B, heads, S/N, head_dim), got "
-                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    check_chunks("ring_attention", group, q, k, v, causal)
     return _RingAttention.apply(q, k, v, group, causal)

@@ -33,7 +33,8 @@ a ratio of 2N/(N+1) (1.6 at N = 4) where zig-zag's is 1 (:func:`work`).
 
 Bytes, as the plain ring: forward N-1 messages of (K, V) (2 x B heads 2c head_dim e),
 backward N messages (K, V, dK, dV; the last dK, dV only), plus the ids (B x 2c
-elements of q's dtype) when ``doc_ids`` is given.
+elements of q's dtype) when ``doc_ids`` is given; and first the plain ring's check
+that every rank holds chunks of one shape (N-1 messages of 256 bytes).
 
 Worked example, N = 4, S = 16, c = 2: rank 0 holds positions 0-1 and 14-15, rank 1
 2-3 and 12-13, rank 2 4-5 and 10-11, rank 3 6-7 and 8-9. Rank 0 at the stop where it
@@ -44,12 +45,11 @@ References: H. Liu, M. Zaharia, P. Abbeel, "Ring Attention with Blockwise Transf
 2023; the zig-zag layout of Zhu's ring-flash-attention (2024) and Llama 3's context
 parallelism (Dubey et al., "The Llama 3 Herd of Models", 2024, section 3.3.2).
 """
-import math
 
 import torch
 import torch.distributed as dist
 
-from .ring_attention import _ring
+from .ring_attention import _ring, check_chunks, start_online_softmax
 
 
 def work(n, zigzag=True):
@@ -115,12 +115,7 @@ class _ZigzagAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, doc_ids, group, causal):
         n, r = dist.get_world_size(group), dist.get_rank(group)
         c = q.shape[2] // 2
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        q, k, v = q.detach(), k.detach(), v.detach()
-        o = torch.zeros_like(q)
-        m = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
-        l = torch.zeros_like(m)
-        size = k.numel()
+        scale, q, k, v, o, m, l, size = start_online_softmax(q, k, v)
         ids = None if doc_ids is None else doc_ids.to(q.dtype)
         halves = lambda t: t.split(c, dim=2)         # noqa: E731
         my_ids = None if ids is None else ids.split(c, dim=1)
@@ -215,6 +210,11 @@ def zigzag_ring_attention(q, k, v, group=None, causal=True, doc_ids=None):
         Tensor: ``(B, heads, S/N, head_dim)``, this rank's rows of attention over the whole
         sequence, differentiable in q, k and v.
 
+    Raises:
+        ValueError: on every rank alike, before any key moves, if one rank's input is wrong
+            (q, k, v of different shapes, an odd length, doc_ids of another shape) or ranks
+            hold chunks of different shapes, dtypes, ``causal`` or doc_ids.
+
     Example::
 
         >>> q, k, v = (zigzag_split(t, n, rank, dim=2) for t in (Q, K, V))
@@ -223,13 +223,12 @@ def zigzag_ring_attention(q, k, v, group=None, causal=True, doc_ids=None):
         >>> torch.allclose(out, zigzag_split(full, n, rank, dim=2))
         True
     """
-    if not (q.shape == k.shape == v.shape and q.dim() == 4):
-        raise ValueError(f"zigzag_ring_attention: q, k, v must share one shape (B, heads, S/N, head_dim), got "
-                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-    if q.shape[2] % 2:
-        raise ValueError(f"zigzag_ring_attention: this rank's sequence length {q.shape[2]} must be even "
-                         f"(two chunks of S/2N): the whole sequence must be divisible by 2N")
-    if doc_ids is not None and tuple(doc_ids.shape) != (q.shape[0], q.shape[2]):
-        raise ValueError(f"zigzag_ring_attention: doc_ids must have shape (B, S/N) = "
-                         f"{[q.shape[0], q.shape[2]]}, got {list(doc_ids.shape)}")
+    fault = None
+    if q.dim() == 4 and q.shape[2] % 2:
+        fault = (f"this rank's sequence length {q.shape[2]} must be even "
+                 f"(two chunks of S/2N): the whole sequence must be divisible by 2N")
+    elif doc_ids is not None and q.dim() == 4 and tuple(doc_ids.shape) != (q.shape[0], q.shape[2]):
+        fault = f"doc_ids must have shape (B, S/N) = {[q.shape[0], q.shape[2]]}, got {list(doc_ids.shape)}"
+    check_chunks("zigzag_ring_attention", group, q, k, v, causal, fault,
+                 ", doc_ids" if doc_ids is not None else "")
     return _ZigzagAttention.apply(q, k, v, doc_ids, group, causal)

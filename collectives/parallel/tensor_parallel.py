@@ -26,7 +26,12 @@ followed by an all_gather (chapter 4), so split it there: the row-parallel linea
 ends with a **reduce_scatter** along the sequence (each rank keeps S/N positions)
 and the next column-parallel linear starts with an **all_gather**; backward swaps
 them. The same bytes cross the wire, and the activations between blocks take 1/N
-of the memory. The price: parameters that act on the sequence shards (LayerNorm,
+of the memory. Before the first all_gather of a block's forward, every rank's shard is
+compared (:func:`collectives.parallel.shapes.same_shapes`: N-1 messages of 256 bytes), so a
+rank holding another shard (a longer sequence, another batch) makes every rank raise the
+same ValueError at once, instead of messages of two sizes that never pair; the layers
+after it receive shapes derived from that one input and are not checked again.
+The price: parameters that act on the sequence shards (LayerNorm,
 the row-parallel bias) see only S/N positions, so their gradients are summed over
 the group once per step (:func:`reduce_replicated_grads`).
 
@@ -47,8 +52,21 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import api, tensor_api
+from .shapes import same_shapes
 
 ALGORITHM = "ring"   # all_reduce, all_gather and reduce_scatter: the chapter's byte counts are the ring's
+
+
+def _same_input(where, x, group, whole_sequence):
+    """Sequence parallel: every rank's input of one shape and dtype, or the same ValueError on every
+    rank before the first all_gather / reduce_scatter (whose messages would otherwise never pair)."""
+    n, _ = _shape(group)
+    fault = None
+    if whole_sequence and x.dim() and x.shape[0] % n:
+        fault = f"the sequence length {x.shape[0]} is not divisible by the group size {n}"
+    kind = "the whole sequence (S, B, features)" if whole_sequence else "a sequence shard (S/N, B, hidden)"
+    same_shapes(where, group, f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')}", fault,
+                f"every rank must hold {kind} of one shape and dtype")
 
 
 def _shape(group):
@@ -312,6 +330,7 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(f"ColumnParallelLinear: out_features={out_features} is not divisible by "
                              f"the group size {n}")
         self.group, self.sequence_parallel = group, sequence_parallel
+        self.check_input = True     # sequence parallel: compare every rank's input shape first
         local = nn.Linear(in_features, out_features // n, bias=bias, dtype=dtype)
         self.weight, self.bias = local.weight, local.bias
 
@@ -328,6 +347,8 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
+        if self.sequence_parallel and self.check_input:
+            _same_input("ColumnParallelLinear", x, self.group, False)
         if self.overlap:
             return _GatherLinearOverlap.apply(x, self.weight, self.bias, self.group, self.overlap, self.waits)
         if self.sequence_parallel == "regather":
@@ -361,6 +382,7 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"RowParallelLinear: in_features={in_features} is not divisible by "
                              f"the group size {n}")
         self.group, self.sequence_parallel = group, sequence_parallel
+        self.check_input = True     # sequence parallel: compare every rank's input shape first
         local = nn.Linear(in_features // n, out_features, bias=bias, dtype=dtype)
         with torch.no_grad():   # nn.Linear's init for the whole layer: its fan-in is in_features, not in/N
             for p in local.parameters():
@@ -381,6 +403,8 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
+        if self.sequence_parallel and self.check_input:
+            _same_input("RowParallelLinear", x, self.group, True)
         if self.overlap:
             y = _LinearScatterOverlap.apply(x, self.weight, self.group, self.overlap, self.waits)
             return y if self.bias is None else y + self.bias
@@ -401,6 +425,7 @@ class ParallelMLP(nn.Module):
         super().__init__()
         self.fc1 = ColumnParallelLinear(hidden, ffn, True, group, sequence_parallel, dtype, overlap)
         self.fc2 = RowParallelLinear(ffn, hidden, True, group, sequence_parallel, dtype, overlap)
+        self.fc2.check_input = False    # its input's shape follows from fc1's, checked there
 
     @classmethod
     def from_mlp(cls, mlp, group=None, sequence_parallel=False, overlap=0):
@@ -408,6 +433,7 @@ class ParallelMLP(nn.Module):
         self = cls(mlp[0].in_features, mlp[0].out_features, group, sequence_parallel, mlp[0].weight.dtype, overlap)
         self.fc1 = ColumnParallelLinear.from_linear(mlp[0], group, sequence_parallel, overlap)
         self.fc2 = RowParallelLinear.from_linear(mlp[2], group, sequence_parallel, overlap)
+        self.fc2.check_input = False
         return self
 
     def forward(self, x):
@@ -434,6 +460,7 @@ class ParallelAttention(nn.Module):
         # one fused projection: rank r's rows are [Q of its heads; K of its heads; V of its heads]
         self.qkv = ColumnParallelLinear(hidden, 3 * hidden, True, group, sequence_parallel, dtype, overlap)
         self.out = RowParallelLinear(hidden, hidden, True, group, sequence_parallel, dtype, overlap)
+        self.out.check_input = False    # its input's shape follows from qkv's, checked there
 
     @classmethod
     def from_attention(cls, mha, group=None, sequence_parallel=False, overlap=0):
@@ -446,6 +473,7 @@ class ParallelAttention(nn.Module):
             self.qkv.weight.copy_(mine(mha.in_proj_weight))
             self.qkv.bias.copy_(mine(mha.in_proj_bias))
         self.out = RowParallelLinear.from_linear(mha.out_proj, group, sequence_parallel, overlap)
+        self.out.check_input = False
         return self
 
     def forward(self, x):
@@ -487,6 +515,7 @@ class ParallelBlock(nn.Module):
                 p.sequence_parallel = True
         self.attn = ParallelAttention.from_attention(block.attn, group, sequence_parallel, overlap)
         self.mlp = ParallelMLP.from_mlp(block.mlp, group, sequence_parallel, overlap)
+        self.mlp.fc1.check_input = False    # the MLP's input has the block input's shape, checked by attn.qkv
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))

@@ -3,44 +3,77 @@
 ``python -m collectives.plan --model PARAMS,LAYERS,HIDDEN,SEQ,BATCH --ranks N --topology PRESET``
 
 Semantics. A configuration is DP x TP x PP x CP = N (data, tensor, pipeline, context
-parallel degrees), a ZeRO stage (0-3) and recomputation (on or off). For each one the
-planner computes, per rank, from the formulas of chapters 10 and 16-21:
+parallel degrees), a ZeRO stage (0-3), recomputation (on or off) and, for a mixture of
+experts, an expert-parallel degree EP dividing DP (the experts spread over data-parallel
+ranks, as Megatron places them). For each one the planner computes, per rank, from the
+formulas of chapters 10 and 16-21:
 
-* **memory** by kind, mixed precision with Adam (ZeRO's accounting: 2 bytes of
-  parameter, 2 of gradient, 12 of optimizer state (fp32 master, two moments) per
-  parameter): parameters ``2P/(t p)`` (/d with ZeRO-3), gradients ``2P/(t p)`` (/d
-  with ZeRO-2 and 3), optimizer ``12P/(t p)`` (/d with ZeRO-1 and up), and
-  activations: :func:`collectives.parallel.recompute.block_activation_elements` x 2
-  bytes for each of the stage's L/p layers, for the micro-batches 1F1B's first stage
-  holds at once (min(p, m)), sequence parallelism on whenever t > 1, the sequence
-  S/c per rank;
+* **memory** by kind, mixed precision with Adam by default (ZeRO's accounting: e = 2 bytes
+  of parameter, 2 of gradient, 12 of optimizer state (fp32 master, two moments) per
+  parameter; ``Model.value_bytes`` and ``optimizer_bytes`` change them): parameters
+  ``eP/(t p)`` (/d with ZeRO-3), gradients ``eP/(t p)`` (x (1 + 1/d) with ZeRO-1: the
+  reduced shard the optimizer steps on as well; /d with ZeRO-2 and 3), optimizer
+  ``12P/(t p)`` (/d with ZeRO-1 and up); and activations, the peak autograd holds:
+  :func:`collectives.parallel.recompute.block_activation_elements` x e for each of the
+  stage's L/p layers, for the micro-batches 1F1B's first stage holds at once (min(p, m)),
+  sequence parallelism on whenever t > 1, the sequence S/c per rank; with recomputation
+  each layer's input, plus the rest of the one layer backward is recomputing;
+* **experts**: with E experts per layer (``params`` counting one, so that P stays the
+  dense model's size) a rank holds E/EP experts per layer of its stage; their copies are
+  shared by DP/EP ranks, so ZeRO shards them and their gradients are reduced over DP/EP
+  ranks, the dense rest over DP;
 * **communication** per step by kind, bytes one rank sends with the ring algorithms:
-  DP ``2(d-1)/d`` x its gradient bytes (ZeRO-3: ``3(d-1)/d`` x its parameter bytes);
-  TP ``8(t-1)/t`` x A per layer and micro-batch (4 all-gathers and 4 reduce-scatters
-  of A = S/c x b x H x 2 bytes; 12 with recomputation, the forward's again); PP 2A per
+  DP ``2(d-1)/d`` x its gradient bytes (ZeRO-1 and 2 as a reduce-scatter and an
+  all-gather, the same bytes; ZeRO-3: ``3(d-1)/d`` x its parameter bytes); TP
+  ``10(t-1)/t`` x A per layer and micro-batch (sequence parallelism as
+  ``ParallelBlock(sequence_parallel="regather")`` runs it: 6 all-gathers, the backward's 2
+  gathering the inputs again, and 4 reduce-scatters of A = S/c x b x H x e bytes; 14 with
+  recomputation, the forward's 2 + 2 again); PP 2A per
   micro-batch (an activation forward, a gradient back); CP the ring attention's
-  ``(c-1) 6k + 2k`` per layer and micro-batch (k = one K chunk, A/t bytes);
+  ``(c-1) 6k + 2k`` per layer and micro-batch (k = one K chunk, A/t bytes); EP four
+  all_to_alls of the k copies of each token per layer and micro-batch (dispatch and
+  combine, forward and backward; six with recomputation), ``(EP-1)/EP x k A`` each when
+  the router spreads tokens evenly, plus the 8-byte counts of each forward
+  (:mod:`collectives.parallel.moe`'s bytes);
 * **step time**: compute ``6 P T / (N F)`` (T tokens per step, F the device's
-  FLOP/s; ``8 P T`` with recomputation: one more forward) stretched by the pipeline's
+  FLOP/s; ``8 P T`` with recomputation: one more forward; each token's k-1 further experts
+  added) stretched by the pipeline's
   bubble ``1 / (1 - (p-1)/(m+p-1))``, plus every collective's time *as the simulator
   gives it* (:func:`collectives.sim.simulate`) on the topology, each group placed
-  where Megatron's order puts it (TP innermost, then CP, DP, PP outermost: a group
-  of stride k has ``ranks_per_node // k`` of its ranks on one node; a group of more than
-  256 ranks is simulated at 256 and scaled by the ring's alpha-beta model). No overlap of
+  where Megatron's order puts it (TP innermost, then CP, EP within DP, PP outermost: a
+  group of stride k has ``ranks_per_node // k`` of its ranks on one node; a group of more
+  than 256 ranks is simulated at 256 and scaled by the ring's alpha-beta model). No overlap of
   communication with compute is assumed: the time is an upper bound for a
   well-overlapped implementation, and a fair one for this library's.
+
+Checked against runs by ``python -m benchmarks.plan_check`` (11 configurations trained
+on 4 gloo ranks: memory by kind measured/planned, the ranking of step times; figures in
+docs/benchmarks.md) and ``tests/test_plan_check.py``; the expert figures against
+:class:`collectives.parallel.moe.MoE`'s counted bytes in ``tests/test_plan.py``.
 
 A configuration is feasible when its memory fits ``--memory`` bytes per rank; the
 feasible ones are printed fastest first.
 
 What it cannot know: the kernels' real speed (F is one number for every matrix size),
 stragglers and noisy neighbours, the overlap a real framework achieves, load imbalance
-between pipeline stages (embedding, loss), memory fragmentation and the framework's own
-buffers. Chapter 23 walks through these.
+between pipeline stages (embedding, loss) and between experts (the router's choices),
+the activations of routing (the dispatched copies), memory fragmentation and the
+framework's own buffers. Chapter 23 walks through these.
 
 Bad input raises before anything is simulated: a configuration whose product is not
 N, layers not divisible by the pipeline stages, heads or hidden not divisible by TP,
-a sequence not divisible by 2 x CP (zig-zag).
+a sequence not divisible by 2 x CP (zig-zag), EP not dividing DP or the experts.
+
+Worked example, 4 ranks: a 4-layer model of hidden 128 (P = 793,088, float32, Adam:
+value_bytes 4, optimizer_bytes 8), 8 sequences of 32 tokens, as DP2 x TP2: parameters
+4 P/2 = 1,586,176 bytes, gradients the same, optimizer 8 P/2 = 3,172,352; activations 4
+layers x one micro-batch x (8x32x128 + 2x32x512 + 32x4 + 4x32)/2 x 4 bytes = 4 x 32,896 x 4
+= 526,336 bytes; the data-parallel all-reduce sends 2 (2-1)/2 x 1,586,176 bytes per step.
+
+Reference: V. Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models", 2023 (activations); S. Rajbhandari et al., "ZeRO", SC 2020 (memory); D. Narayanan
+et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+SC 2021 (the layout and its costs); the Ultra-Scale Playbook (Hugging Face, 2025).
 """
 import math
 from dataclasses import dataclass
@@ -49,24 +82,43 @@ from ..parallel.recompute import block_activation_elements
 
 BYTES = 2                                   # bf16 activations, parameters, gradients
 OPTIMIZER_BYTES = 12                        # fp32 master weights and Adam's two moments
-KINDS = ("dp", "tp", "pp", "cp")
+KINDS = ("dp", "tp", "pp", "cp", "ep")
 
 
 @dataclass(frozen=True)
 class Model:
     """A GPT-like transformer: ``params`` parameters in ``layers`` blocks of width ``hidden``,
     ``heads`` heads (default hidden / 128, at least 1), MLP width 4 x hidden; a step trains on
-    ``batch`` sequences of ``seq`` tokens."""
+    ``batch`` sequences of ``seq`` tokens.
+
+    ``experts`` > 0 makes every block's MLP a mixture of that many experts, each token sent to
+    ``top_k`` of them (``params`` then counts one expert per layer: the dense model's size).
+    ``value_bytes`` (parameters, gradients, activations) and ``optimizer_bytes`` (state per
+    parameter) default to mixed precision with Adam, 2 and 12; a float32 run with plain Adam
+    is 4 and 8."""
     params: float
     layers: int
     hidden: int
     seq: int
     batch: int
     heads: int = 0
+    experts: int = 0
+    top_k: int = 1
+    value_bytes: int = BYTES
+    optimizer_bytes: int = OPTIMIZER_BYTES
 
     @property
     def a(self):
         return self.heads or max(1, self.hidden // 128)
+
+    @property
+    def ffn(self):
+        return 4 * self.hidden
+
+    @property
+    def expert_params(self):
+        """One expert (one MLP): Linear(H, F) and Linear(F, H) with their biases."""
+        return 2 * self.hidden * self.ffn + self.ffn + self.hidden
 
 
 @dataclass(frozen=True)
@@ -78,10 +130,11 @@ class Config:
     zero: int = 0
     recompute: bool = False
     micro_batch: int = 1
+    ep: int = 1
 
     def __str__(self):
-        return (f"DP{self.dp} TP{self.tp} PP{self.pp} CP{self.cp} ZeRO-{self.zero}"
-                f"{' recompute' if self.recompute else ''}")
+        return (f"DP{self.dp} TP{self.tp} PP{self.pp} CP{self.cp}{f' EP{self.ep}' if self.ep > 1 else ''} "
+                f"ZeRO-{self.zero}{' recompute' if self.recompute else ''}")
 
 
 def parse_model(text):
@@ -119,30 +172,58 @@ def check(model, config, ranks):
                          f"x micro-batch {c.micro_batch}")
     if c.zero not in (0, 1, 2, 3):
         raise ValueError(f"plan: the ZeRO stage must be 0-3, got {c.zero}")
+    if c.ep > 1 and not model.experts:
+        raise ValueError(f"plan: EP={c.ep} needs a mixture-of-experts model (--experts)")
+    if c.ep < 1 or c.dp % c.ep:
+        raise ValueError(f"plan: EP={c.ep} must divide DP={c.dp} (the experts are spread over data-parallel ranks)")
+    if model.experts % c.ep:
+        raise ValueError(f"plan: {model.experts} experts are not divisible by EP={c.ep}")
+    if model.experts and not 1 <= model.top_k <= model.experts:
+        raise ValueError(f"plan: top_k={model.top_k} must be between 1 and the {model.experts} experts")
 
 
 def micro_batches(model, config):
     return model.batch // (config.dp * config.micro_batch)
 
 
-def memory(model, config):
-    """Bytes per rank by kind: parameters, gradients, optimizer, activations."""
+def local_params(model, config):
+    """(dense, expert): the parameters one rank holds before ZeRO, and how many ranks share each
+    part's copies (the ZeRO and data-parallel group of each): (values, sharers) twice."""
     c = config
-    local = model.params / (c.tp * c.pp)
-    params = BYTES * local / (c.dp if c.zero >= 3 else 1)
-    grads = BYTES * local / (c.dp if c.zero >= 2 else 1)
-    optimizer = OPTIMIZER_BYTES * local / (c.dp if c.zero >= 1 else 1)
-    per_layer = block_activation_elements(model.seq // c.cp, c.micro_batch, model.hidden, model.a,
-                                          4 * model.hidden, c.tp, sequence_parallel=c.tp > 1,
-                                          recompute=c.recompute)
+    if not model.experts:
+        return (model.params / (c.tp * c.pp), c.dp), (0.0, 1)
+    expert = model.layers * model.expert_params         # one expert per layer is in ``params``
+    dense = (model.params - expert) / (c.tp * c.pp)
+    mine = expert * (model.experts // c.ep) / (c.tp * c.pp)
+    return (dense, c.dp), (mine, c.dp // c.ep)
+
+
+def memory(model, config):
+    """Bytes per rank by kind: parameters, gradients, optimizer, activations.
+
+    Parameters, gradients and optimizer state are what a rank keeps between steps (ZeRO-3's
+    gathered layer and ZeRO-2's whole gradient during backward are transient); activations
+    are the peak of what autograd keeps during the step: with recomputation each layer's input
+    plus the one layer being recomputed."""
+    c, e = config, model.value_bytes
+    params = grads = optimizer = 0.0
+    for values, sharers in local_params(model, c):
+        params += e * values / (sharers if c.zero >= 3 else 1)
+        # ZeRO-1 keeps the whole gradient and, for the optimizer, its reduced 1/d shard of it
+        grads += e * values * ({0: 1, 1: 1 + 1 / sharers}.get(c.zero) or 1 / sharers)
+        optimizer += model.optimizer_bytes * values / (sharers if c.zero >= 1 else 1)
+    args = (model.seq // c.cp, c.micro_batch, model.hidden, model.a, model.ffn, c.tp, c.tp > 1)
+    per_layer = block_activation_elements(*args, recompute=c.recompute)
     held = min(c.pp, micro_batches(model, c))
-    activations = BYTES * per_layer * (model.layers // c.pp) * held
+    activations = e * per_layer * (model.layers // c.pp) * held
+    if c.recompute:     # backward runs one layer's forward again, keeping all of that layer (its input is kept already)
+        activations += e * (block_activation_elements(*args) - per_layer)
     return dict(parameters=params, gradients=grads, optimizer=optimizer, activations=activations)
 
 
 def activation_bytes(model, config):
-    """A: one micro-batch's activation on one rank, S/c x b x H x 2 bytes."""
-    return model.seq // config.cp * config.micro_batch * model.hidden * BYTES
+    """A: one micro-batch's activation on one rank, S/c x b x H x e bytes."""
+    return model.seq // config.cp * config.micro_batch * model.hidden * model.value_bytes
 
 
 def calls(model, config):
@@ -151,23 +232,37 @@ def calls(model, config):
     a = activation_bytes(model, c)
     layers = model.layers // c.pp
     out = {kind: [] for kind in KINDS}
-    grad_bytes = BYTES * model.params / (c.tp * c.pp)
-    if c.dp > 1:
+    for values, sharers in local_params(model, c):
+        grad_bytes = model.value_bytes * values
+        if sharers < 2 or not values:
+            continue
         if c.zero >= 3:
-            out["dp"] = [("all_gather", c.dp, grad_bytes, 2), ("reduce_scatter", c.dp, grad_bytes, 1)]
-        elif c.zero == 2:
-            out["dp"] = [("reduce_scatter", c.dp, grad_bytes, 1), ("all_gather", c.dp, grad_bytes, 1)]
+            out["dp"] += [("all_gather", sharers, grad_bytes, 2), ("reduce_scatter", sharers, grad_bytes, 1)]
+        elif c.zero >= 1:
+            out["dp"] += [("reduce_scatter", sharers, grad_bytes, 1), ("all_gather", sharers, grad_bytes, 1)]
         else:
-            out["dp"] = [("all_reduce", c.dp, grad_bytes, 1)]
+            out["dp"] += [("all_reduce", sharers, grad_bytes, 1)]
     if c.tp > 1:
-        per = (6 if c.recompute else 4) * layers * m
-        out["tp"] = [("all_gather", c.tp, a, per), ("reduce_scatter", c.tp, a, per)]
+        # per layer: forward gathers before the two column-parallel linears and scatters after the
+        # two row-parallel ones; backward gathers again (the inputs are not kept), and each
+        # collective's gradient is the other: 6 all-gathers, 4 reduce-scatters; recomputation
+        # runs the forward's 2 + 2 once more
+        per = layers * m
+        out["tp"] = [("all_gather", c.tp, a, (8 if c.recompute else 6) * per),
+                     ("reduce_scatter", c.tp, a, (6 if c.recompute else 4) * per)]
     if c.pp > 1:
         out["pp"] = [("send", 2, a, 2 * m)]
     if c.cp > 1:
         k = a // c.tp
         out["cp"] = [("ring", c.cp, 2 * k, (c.cp - 1) * (3 if c.recompute else 2) * layers * m),
                      ("ring", c.cp, 4 * k, (c.cp - 1) * layers * m)]
+    if c.ep > 1:
+        # per MoE layer and micro-batch: dispatch and combine forward, both again backward (and
+        # forward once more with recomputation); the k copies of each token, routed evenly; the
+        # N counts (8 bytes each) exchanged by every forward
+        forwards = (2 if c.recompute else 1) * layers * m
+        out["ep"] = [("all_to_all", c.ep, model.top_k * a, 2 * forwards + 2 * layers * m),
+                     ("all_to_all", c.ep, 8 * c.ep, forwards)]
     return out
 
 
@@ -175,7 +270,7 @@ def _sent(collective, n, nbytes):
     """Bytes one rank sends in one call of the ring algorithm (``nbytes`` as nccl-tests counts it)."""
     if collective == "all_reduce":
         return 2 * (n - 1) / n * nbytes
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n * nbytes
     return nbytes                    # a point-to-point message, or one ring step
 
@@ -189,7 +284,7 @@ def communication(model, config):
 def stride(config, kind):
     """Distance between consecutive ranks of a ``kind`` group (TP innermost, then CP, DP, PP)."""
     c = config
-    return {"tp": 1, "cp": c.tp, "dp": c.tp * c.cp, "pp": c.tp * c.cp * c.dp}[kind]
+    return {"tp": 1, "cp": c.tp, "dp": c.tp * c.cp, "ep": c.tp * c.cp, "pp": c.tp * c.cp * c.dp}[kind]
 
 
 def group_topology(spec, k):
@@ -211,6 +306,9 @@ def step_time(model, config, topology, flops, simulate=None, cache=None):
     tokens = model.batch * model.seq
     work = (8 if c.recompute else 6) * model.params * tokens / (c.dp * c.tp * c.pp * c.cp)
     bubble = (c.pp - 1) / (m + c.pp - 1)
+    if model.experts:        # each token runs k experts' MLPs, not one
+        work += (8 if c.recompute else 6) * (model.top_k - 1) * model.layers * model.expert_params \
+            * tokens / (c.dp * c.tp * c.pp * c.cp)
     times = {"compute": work / flops / (1 - bubble)}
     for kind, items in calls(model, config).items():
         total = 0.0
@@ -237,7 +335,7 @@ def _ring_model(collective, n, nbytes, alpha, bandwidth):
 def _simulated(simulate, collective, n, nbytes, topo):
     """One call's simulated seconds; above SIM_RANKS, the simulation at SIM_RANKS scaled by the
     ring's alpha-beta model, n against SIM_RANKS, on the slowest link."""
-    algorithm = "linear" if collective == "broadcast" else "ring"
+    algorithm = {"broadcast": "linear", "all_to_all": "pairwise"}.get(collective, "ring")
     if n <= SIM_RANKS:
         return simulate(collective, algorithm, n, nbytes, topology=topo).time
     small = simulate(collective, algorithm, SIM_RANKS, nbytes, topology=topo).time
@@ -251,20 +349,22 @@ def divisors(n):
 
 
 def configurations(model, ranks, zero_stages=(0, 1, 2, 3), recompute=(False, True)):
-    """Every valid DP x TP x PP x CP = ranks, with each ZeRO stage and recomputation setting."""
+    """Every valid DP x TP x PP x CP = ranks (and EP dividing DP for a mixture of experts), with
+    each ZeRO stage and recomputation setting."""
     out = []
     for tp in divisors(ranks):
         for pp in divisors(ranks // tp):
             for cp in divisors(ranks // (tp * pp)):
                 dp = ranks // (tp * pp * cp)
-                for zero in zero_stages if dp > 1 else (0,):
-                    for r in recompute:
-                        config = Config(dp, tp, pp, cp, zero, r)
-                        try:
-                            check(model, config, ranks)
-                        except ValueError:
-                            continue
-                        out.append(config)
+                for ep in divisors(dp) if model.experts else (1,):
+                    for zero in zero_stages if dp > 1 else (0,):
+                        for r in recompute:
+                            config = Config(dp, tp, pp, cp, zero, r, ep=ep)
+                            try:
+                                check(model, config, ranks)
+                            except ValueError:
+                                continue
+                            out.append(config)
     return out
 
 

@@ -55,6 +55,9 @@ def main():
                   f"{'to' if waits['kind'] == 'send' else 'from'} rank {waits['peer']}" if waits else ""
         print(f"  #{e['collective_seq_id']} {e['profiling_name']} ({e['collectives']['algorithm']}) "
               f"sizes {e['input_sizes']}: {e['state']}{waiting}")
+    if not flight_recorder.analyzer_reads_gloo():
+        print(f"(torch {torch.__version__}'s fr_trace reads NCCL records only: run it under a newer torch)")
+        return
     analysis = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", trace_dir],
                               capture_output=True, text=True, timeout=120)
     print("python -m torch.distributed.flight_recorder.fr_trace DIR:")

@@ -5,7 +5,7 @@
 1. The order of work on each stage, GPipe and 1F1B, for p = 4 stages and m = 6 micro-batches.
 2. Three SGD steps of a 4-block MLP cut into 4 stages, both schedules, against one process
    running the same micro-batches one after another: the parameters, compared bitwise.
-3. The messages of one step on each stage, counted, against m x A per neighbour and direction.
+3. The messages of one step on each stage, counted, against m x A + 16 (the check) per neighbour and direction.
 4. Activations each stage held at once: m with GPipe, p - s with 1F1B.
 """
 import torch
@@ -81,11 +81,11 @@ def demo(rank, p):
             print(f"   {schedule:5s}: {[r[schedule][0] for r in everyone]}")
         a = BATCH // M * WIDTH * 4
         print(f"3. one step's messages per stage (A = {a} bytes per activation or gradient)")
-        print("   stage   sent   bytes sent   bytes received   m x A x (neighbours)")
+        print("   stage   sent   bytes sent   bytes received   (m x A + 16) x (neighbours): data + the check")
         for s, r in enumerate(everyone):
             _, _, msgs, sent, recvd = r["1f1b"]
             neighbours = (s > 0) + (s < p - 1)
-            print(f"   {s:5d}   {msgs:4d}   {sent:10d}   {recvd:14d}   {M * a * neighbours:20d}")
+            print(f"   {s:5d}   {msgs:4d}   {sent:10d}   {recvd:14d}   {(M * a + 16) * neighbours:20d}")
         print("4. activations held at once, per stage")
         for schedule in ("gpipe", "1f1b"):
             print(f"   {schedule:5s}: {[r[schedule][1] for r in everyone]}")

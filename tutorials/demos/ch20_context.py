@@ -50,7 +50,8 @@ def demo(rank, world_size):
         print(f"2. bytes each rank sends, one forward and backward, c = one K chunk = {c} bytes")
         print(f"   counted: {[b for _, b, _ in rows]} in {rows[0][2]} messages")
         print(f"   forward (N-1) x 2c + backward (N-1) x 4c + 2c = {(n - 1) * 2 * c + (n - 1) * 4 * c + 2 * c} "
-              f"in (N-1) + N = {2 * n - 1} messages")
+              f"in (N-1) + N = {2 * n - 1} messages,")
+        print(f"   + the shape check, (N-1) x 256 = {(n - 1) * 256} in N-1 = {n - 1} messages (an all_gather)")
         print("3. rank 0's sends, from collectives.trace(): call, step, to rank, bytes")
         for m in trace.messages:
             if m.kind == "send":

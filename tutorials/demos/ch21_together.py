@@ -130,10 +130,11 @@ def demo(rank, world_size):
               f"within 1e-12: {all(r[6] < 1e-12 for r in everyone)}")
         a = BATCH // DP // M * T * D * 8
         print(f"3. one step's bytes sent (messages) per rank, by kind; A = {a} bytes per micro-batch's activation")
-        print("   rank   pipeline      tensor parallel   data parallel  | formulas: m A, 4 m A, 8 P")
+        print("   rank   pipeline      tensor parallel   data parallel  | formulas: m A + 16 (the step's check), "
+              "4 m A, 8 P")
         for r, (*_, kinds, params) in enumerate(everyone):
             cells = "  ".join(f"{kinds[k][0]:7d} ({kinds[k][1]:2d})" for k in ("pipeline", "tensor", "data"))
-            print(f"   {r:4d}   {cells}   |  {M * a}, {4 * M * a}, {params * 8} (P = {params} values)")
+            print(f"   {r:4d}   {cells}   |  {M * a + 16}, {4 * M * a}, {params * 8} (P = {params} values)")
 
 
 if __name__ == "__main__":

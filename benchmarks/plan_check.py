@@ -1,0 +1,311 @@
+"""The planner against real runs: memory per rank by kind, and the ranking of step times.
+
+Usage::
+
+    python -m benchmarks.plan_check                  # 4 gloo ranks, 11 configurations, 5 timed steps each
+    python -m benchmarks.plan_check --steps 9 --hidden 256
+
+A small transformer (``--layers`` pre-LayerNorm blocks of width ``--hidden``, ``--heads``
+heads, MLP 4 x hidden; ``--batch`` sequences of ``--seq`` tokens per step, float32, Adam)
+is trained for real on N ranks in each configuration the parallel modules build:
+data parallel (one flat all_reduce of the gradients, or ZeRO-1/2
+``collectives.parallel.zero``, or ZeRO-3 ``collectives.parallel.fsdp``), tensor parallel
+with sequence parallelism (``ParallelBlock(sequence_parallel="regather")``), pipeline
+(``PipelineStage``, 1F1B, micro-batches of one sequence), their products, and
+recomputation (``collectives.parallel.recompute.checkpoint`` around every block).
+Context and expert parallelism are not in the step here (no block of this library
+combines them with the others).
+
+For each configuration it prints, per rank the largest of the N ranks:
+
+* memory by kind, measured / planned: parameters and gradients (the tensors this rank
+  holds after the step: ZeRO-2's gradient shard, FSDP's pieces), optimizer state (the
+  tensors in Adam's state), and the peak of activation bytes autograd holds during the
+  step (every tensor packed for backward, by its storage, counted from packing until
+  autograd lets it go; parameters and FSDP's gathered layers left out). The planner is
+  :func:`collectives.plan.memory` with ``value_bytes=4, optimizer_bytes=8``;
+* the step time, measured (median of ``--steps`` rounds, each a step of every configuration
+  in turn so that the machine's changing load falls on all alike; the slowest rank) and the planner's
+  :func:`collectives.plan.step_time` on the ``local`` topology (this machine's fitted
+  figures) with the FLOP/s each rank sustains measured in the same run (every rank
+  training the whole model alone at once, as the ranks share the cores in the runs);
+
+then the ratio of every memory figure to the plan, and the share of configuration pairs
+that the planner and the measurement rank in the same order. Every figure comes from
+this run; none is stored in the code.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import collectives
+from collectives.parallel.fsdp import FullyShardedDataParallel
+from collectives.parallel.pipeline import PipelineStage
+from collectives.parallel.recompute import checkpoint
+from collectives.parallel.tensor_parallel import Block, ParallelBlock, reduce_replicated_grads
+from collectives.parallel.zero import ZeroOptimizer, optimizer_state_bytes
+from collectives.plan import Config, Model, check, memory, step_time
+
+KINDS = ("parameters", "gradients", "optimizer", "activations")
+CONFIGS = [Config(4, 1, 1, 1), Config(4, 1, 1, 1, zero=1), Config(4, 1, 1, 1, zero=2),
+           Config(4, 1, 1, 1, zero=3), Config(4, 1, 1, 1, recompute=True), Config(1, 4, 1, 1),
+           Config(1, 4, 1, 1, recompute=True), Config(2, 2, 1, 1), Config(1, 1, 4, 1),
+           Config(2, 1, 2, 1), Config(1, 2, 2, 1)]
+
+
+def block_params(h):
+    """A :class:`Block`'s parameters: two LayerNorms (4H), QKV and output projections
+    (4H^2 + 4H), the MLP (8H^2 + 5H)."""
+    return 12 * h * h + 13 * h
+
+
+def model_of(layers, hidden, heads, seq, batch):
+    return Model(params=layers * block_params(hidden), layers=layers, hidden=hidden, seq=seq, batch=batch,
+                 heads=heads, value_bytes=4, optimizer_bytes=8)
+
+
+class PeakSaved:
+    """The most bytes autograd holds for backward at once: a storage counts from the first
+    tensor packed on it until the last of them is let go (by :class:`_Held` dying)."""
+
+    def __init__(self, skip):
+        self.skip, self.count, self.size, self.now, self.peak = skip, {}, {}, 0, 0
+
+    def pack(self, t):
+        storage = t.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if not nbytes or ptr in self.skip():
+            return t
+        if not self.count.get(ptr):
+            self.count[ptr], self.size[ptr] = 0, nbytes
+            self.now += nbytes
+            self.peak = max(self.peak, self.now)
+        self.count[ptr] += 1
+        return _Held(self, ptr, t)
+
+    def release(self, ptr):
+        self.count[ptr] -= 1
+        if not self.count[ptr]:
+            self.now -= self.size.pop(ptr)
+            del self.count[ptr]
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda h: h.t if isinstance(h, _Held) else h)
+
+
+class _Held:
+    __slots__ = ("owner", "ptr", "t")
+
+    def __init__(self, owner, ptr, t):
+        self.owner, self.ptr, self.t = owner, ptr, t
+
+    def __del__(self):
+        self.owner.release(self.ptr)
+
+
+class Checkpointed(nn.Module):
+    """The blocks in order, each run through :func:`checkpoint` (its input kept, its forward again in backward)."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = checkpoint(block, x)
+        return x
+
+
+def groups_of(config, rank, world):
+    """This rank's (coordinates, tp group, dp group, pp group): TP innermost, then DP, PP outermost.
+    Every rank creates every group, in the same order (torch's rule for new_group)."""
+    c = config
+    coords = lambda r: (r // (c.tp * c.dp), r // c.tp % c.dp, r % c.tp)      # noqa: E731 (pp, dp, tp)
+    mine = {}
+    for kind, key in (("tp", lambda r: (coords(r)[0], coords(r)[1])), ("dp", lambda r: (coords(r)[0], coords(r)[2])),
+                      ("pp", lambda r: (coords(r)[1], coords(r)[2]))):
+        members = {}
+        for r in range(world):
+            members.setdefault(key(r), []).append(r)
+        for ranks in members.values():
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[kind] = group
+    return coords(rank), mine
+
+
+def build(config, dims, rank, world):
+    """This rank's part of the model, its optimizer, and one training step as a function."""
+    layers, hidden, heads, seq, batch = dims
+    c = config
+    (p, d, t), g = groups_of(c, rank, world)
+    torch.manual_seed(0)
+    whole = [Block(hidden, heads, 4 * hidden) for _ in range(layers)]
+    mine = whole[p * layers // c.pp:(p + 1) * layers // c.pp]
+    sp = "regather" if c.tp > 1 else False
+    blocks = [ParallelBlock(b, g["tp"], sp) for b in mine]
+    fsdp = zero = None
+    if c.zero == 3:
+        module = fsdp = FullyShardedDataParallel(blocks, group=g["dp"])
+        opt = torch.optim.Adam(fsdp.parameters(), lr=1e-4)
+    else:
+        module = Checkpointed(blocks) if c.recompute else nn.Sequential(*blocks)
+        if c.zero:
+            opt = zero = ZeroOptimizer(module.parameters(), torch.optim.Adam, group=g["dp"], stage=c.zero, lr=1e-4)
+        else:
+            opt = torch.optim.Adam(module.parameters(), lr=1e-4)
+    m = batch // c.dp          # micro-batches of one sequence
+    shard = seq // c.tp
+    params = list(module.parameters())
+    gen = torch.Generator().manual_seed(1 + d)
+    # the input needs a gradient, as a block's input inside a network does (a checkpointed block
+    # whose input needs none would give its parameters none either: they are not its arguments)
+    xs = [torch.randn(seq, 1, hidden, generator=gen)[t * shard:(t + 1) * shard].clone().requires_grad_()
+          for _ in range(m)]
+    ys = [torch.randn(seq, 1, hidden, generator=gen)[t * shard:(t + 1) * shard] for _ in range(m)]
+    pipe = PipelineStage(module, recv_shape=(shard, 1, hidden), group=g["pp"]) if c.pp > 1 else None
+    param_ptrs = {q.untyped_storage().data_ptr() for q in params}
+    gathered = (lambda: {f.untyped_storage().data_ptr() for f in fsdp.full if f is not None}) if fsdp else set
+
+    def step(peak):
+        opt.zero_grad()
+        with peak.hooks():
+            if pipe:
+                pipe.step(m, xs if p == 0 else None, ys if p == c.pp - 1 else None, nn.functional.mse_loss)
+            else:
+                for x, y in zip(xs, ys):
+                    (nn.functional.mse_loss(module(x), y) / m).backward()
+        if c.tp > 1:
+            for b in blocks:
+                reduce_replicated_grads(b, g["tp"])
+        if c.dp > 1 and not c.zero:
+            grads = torch.cat([q.grad.flatten() for q in params])     # one bucket
+            collectives.all_reduce(grads, group=g["dp"], algorithm="ring")
+            grads /= c.dp
+            offset = 0
+            for q in params:
+                q.grad.copy_(grads[offset:offset + q.numel()].view_as(q))
+                offset += q.numel()
+        opt.step()
+
+    def held():
+        size = lambda ts: sum(x.numel() * x.element_size() for x in ts if x is not None)   # noqa: E731
+        grads = zero.grad_bytes() if zero else size(q.grad for q in params)
+        state = zero.state_bytes() if zero else optimizer_state_bytes(opt)
+        return dict(parameters=size(params), gradients=grads, optimizer=state)
+
+    return step, held, lambda: param_ptrs | gathered()
+
+
+def flops_alone(dims, repeats):
+    """FLOP/s of this rank training the whole model alone (6 P T per step), the others doing the same."""
+    layers, hidden, heads, seq, batch = dims
+    alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
+    torch.manual_seed(0)
+    model = nn.Sequential(*[ParallelBlock(Block(hidden, heads, 4 * hidden), alone) for _ in range(layers)])
+    x = torch.randn(seq, batch, hidden)
+    times = []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        model(x).pow(2).mean().backward()
+        times.append(time.perf_counter() - start)
+    return 6 * layers * block_params(hidden) * seq * batch / statistics.median(times[1:])
+
+
+def worker(rank, world, dims, steps, configs):
+    torch.set_num_threads(1)
+    # every rank creates every group of every configuration, in order
+    flops = flops_alone(dims, steps)
+    built = [build(config, dims, rank, world) for config in configs]
+    times, peaks = [[] for _ in configs], [0] * len(configs)
+    # round-robin: a step of every configuration per round, so that a change in the machine's
+    # load (other programs) falls on all of them alike; the first round warms up
+    for _ in range(steps + 1):
+        for i, (step, _, skip) in enumerate(built):
+            peak = PeakSaved(skip)
+            dist.barrier()
+            start = time.perf_counter()
+            step(peak)
+            times[i].append(time.perf_counter() - start)
+            peaks[i] = peak.peak
+    return flops, [dict(held(), activations=peaks[i], time=statistics.median(times[i][1:]))
+                   for i, (_, held, _) in enumerate(built)]
+
+
+def pairs_agreeing(planned, measured, tie=0.01):
+    """(agreeing, pairs): of the pairs (i, j) whose planned times differ by more than ``tie``
+    (relative; the planner gives ZeRO-0, 1 and 2 the same time: it has no order for them),
+    how many the measurement puts the same way round."""
+    n, same, total = len(planned), 0, 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            if abs(planned[i] - planned[j]) <= tie * max(planned[i], planned[j]):
+                continue
+            total += 1
+            same += (planned[i] - planned[j]) * (measured[i] - measured[j]) > 0
+    return same, total
+
+
+def measure(world, dims, steps=3, configs=CONFIGS, timeout=600):
+    """Run every configuration on ``world`` gloo ranks; (flops, [{kind: max over ranks, time}])."""
+    from collectives.tools.launch import run_in_group
+    model = model_of(*dims)
+    for config in configs:
+        check(model, config, world)
+    per_rank = run_in_group(worker, world, dims, steps, configs, env={"COLLECTIVES_TIMEOUT": "60"}, timeout=timeout)
+    flops = statistics.median(f for f, _ in per_rank)
+    rows = [{k: max(rows[i][k] for _, rows in per_rank) for k in (*KINDS, "time")} for i in range(len(configs))]
+    return flops, rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.plan_check", description=__doc__.split("\n")[0])
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--topology", default="local")
+    args = p.parse_args(argv)
+    if args.world_size != 4:
+        p.error("--world-size: the configurations listed are for 4 ranks")
+    dims = (args.layers, args.hidden, args.heads, args.seq, args.batch)
+    model = model_of(*dims)
+    flops, rows = measure(args.world_size, dims, args.steps)
+    print(f"# {args.layers} blocks, hidden {args.hidden}, {args.heads} heads, {args.seq} tokens x {args.batch} "
+          f"sequences per step, float32, Adam; {args.world_size} gloo ranks; measured {flops / 1e9:.2f} GFLOP/s "
+          f"per rank; planner on --topology {args.topology}")
+    print("# memory KB per rank (largest rank): measured/planned; step ms: measured, planned")
+    print(f"{'configuration':<30} " + " ".join(f"{k:>17}" for k in KINDS) + f" {'measured':>9} {'planned':>8}")
+    planned_t, measured_t, ratios = [], [], {k: [] for k in KINDS}
+    for config, row in zip(CONFIGS, rows):
+        plan_mem = memory(model, config)
+        planned = step_time(model, config, args.topology, flops)[0]
+        planned_t.append(planned)
+        measured_t.append(row["time"])
+        for k in KINDS:
+            ratios[k].append(row[k] / plan_mem[k])
+        print(f"{str(config):<30} " + " ".join(f"{row[k] / 1e3:8.1f}/{plan_mem[k] / 1e3:8.1f}" for k in KINDS)
+              + f" {row['time'] * 1e3:9.1f} {planned * 1e3:8.1f}")
+    for k in KINDS:
+        print(f"# {k}: measured/planned {min(ratios[k]):.3f} to {max(ratios[k]):.3f}")
+    total = [sum(r[k] for k in KINDS) / sum(memory(model, c).values()) for c, r in zip(CONFIGS, rows)]
+    print(f"# total memory: measured/planned {min(total):.3f} to {max(total):.3f}")
+    same, pairs = pairs_agreeing(planned_t, measured_t)
+    print(f"# step-time ranking: {same} of the {pairs} pairs the planner orders (of "
+          f"{len(CONFIGS) * (len(CONFIGS) - 1) // 2}; the others it ties within 1%) in the same order: "
+          f"{same / pairs:.0%} (goal: >= 80%)")
+    print(f"# measured/planned step time: {min(m / p for m, p in zip(measured_t, planned_t)):.2f} to "
+          f"{max(m / p for m, p in zip(measured_t, planned_t)):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
