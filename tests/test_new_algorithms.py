@@ -40,7 +40,7 @@ def test_swing_hops_are_shorter_than_recursive_doublings_on_a_ring(p):
 
 def test_paper_claims_benchmark_runs_on_a_small_torus(capsys):
     from benchmarks import paper_claims
-    paper_claims.main(["--dims", "2x4", "-s", "0,4K"])
+    paper_claims.main(["--claim", "swing", "--dims", "2x4", "-s", "0,4K"])
     out = capsys.readouterr().out
     assert "torus 2x4 (8 ranks)" in out and len(out.splitlines()) == 4
 

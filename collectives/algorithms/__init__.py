@@ -12,16 +12,16 @@ validation, reshaping, staging and dispatch around them.
 Adding an algorithm: its module (the function named after the collective, and
 ``cost``), one line in ``MODULES``, its test.
 """
-from . import (all_gather_bruck, all_gather_recursive_doubling, all_gather_ring,
-               all_reduce_double_binary_tree, all_reduce_hierarchical, all_reduce_naive_ring,
+from . import (all_gather_bruck, all_gather_pat, all_gather_recursive_doubling, all_gather_ring,
+               all_reduce_bine, all_reduce_double_binary_tree, all_reduce_hierarchical, all_reduce_naive_ring,
                all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring,
                all_reduce_ring_pipelined, all_reduce_swing,
                all_reduce_tree, all_to_all_bruck, all_to_all_linear, all_to_all_pairwise,
                barrier_dissemination,
-               broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
+               broadcast_bine, broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
                broadcast_scatter_allgather, gather_binomial_tree, gather_linear,
-               reduce_binomial_tree, reduce_linear, reduce_scatter_recursive_halving,
-               reduce_scatter_ring, scatter_binomial_tree, scatter_linear)
+               reduce_bine, reduce_binomial_tree, reduce_linear, reduce_scatter_pat,
+               reduce_scatter_recursive_halving, reduce_scatter_ring, scatter_binomial_tree, scatter_linear)
 from ._cost import Cost  # noqa: F401  (re-exported: what cost() returns)
 
 MODULES = {
@@ -30,10 +30,12 @@ MODULES = {
         "binomial_tree": broadcast_binomial_tree,
         "pipeline": broadcast_pipeline,
         "scatter_allgather": broadcast_scatter_allgather,
+        "bine": broadcast_bine,
     },
     "reduce": {
         "linear": reduce_linear,
         "binomial_tree": reduce_binomial_tree,
+        "bine": reduce_bine,
     },
     "all_reduce": {
         "naive_ring": all_reduce_naive_ring,
@@ -45,6 +47,7 @@ MODULES = {
         "double_binary_tree": all_reduce_double_binary_tree,
         "hierarchical": all_reduce_hierarchical,
         "swing": all_reduce_swing,
+        "bine": all_reduce_bine,
     },
     "scatter": {
         "linear": scatter_linear,
@@ -58,10 +61,12 @@ MODULES = {
         "ring": all_gather_ring,
         "recursive_doubling": all_gather_recursive_doubling,
         "bruck": all_gather_bruck,
+        "pat": all_gather_pat,
     },
     "reduce_scatter": {
         "ring": reduce_scatter_ring,
         "recursive_halving": reduce_scatter_recursive_halving,
+        "pat": reduce_scatter_pat,
     },
     "all_to_all": {
         "linear": all_to_all_linear,
