@@ -19,6 +19,7 @@ import importlib.util
 import os
 import sys
 import traceback
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -39,8 +40,19 @@ BUILTINS = [
 ]
 LIBRARY = _routes.LIBRARY
 
-ORIGINAL = {name: getattr(c10d, name) for name in ["send", "recv", "isend", "irecv", "batch_isend_irecv",
-                                                    "barrier"]}
+def _plain(fn):
+    """``fn`` with torch-function modes off: c10d's send hands a tensor under a mode (the memory
+    rules' :class:`_checks.Allocations`) back to ``c10d.send`` by name, which is our wrapper: it
+    would count the message twice."""
+    def call(*args, **kwargs):
+        with torch._C.DisableTorchFunction():
+            return fn(*args, **kwargs)
+    call.__name__ = fn.__name__
+    return call
+
+
+ORIGINAL = {name: _plain(getattr(c10d, name)) for name in ["send", "recv", "isend", "irecv", "batch_isend_irecv",
+                                                           "barrier"]}
 
 
 class Counters:
@@ -53,6 +65,13 @@ class Counters:
     def reset(self):
         self.sent_bytes = self.sent_messages = self.recv_bytes = self.recv_messages = 0
         self.sends, self.recvs = [], []     # [(peer, nbytes)]
+        self.buffers = []                   # [(peer, weakref to the receive buffer's base tensor)]
+
+    def receive_buffers(self, peer):
+        """The receive buffers from ``peer`` still alive (posted, or received into and kept)."""
+        alive = [(p, r) for p, r in self.buffers if r() is not None]
+        self.buffers = alive
+        return [r() for p, r in alive if p == peer and r() is not None]
 
     def as_tuple(self):
         return (self.sent_bytes, self.sent_messages, self.recv_bytes, self.recv_messages,
@@ -87,13 +106,15 @@ def _peer(value, group_value):
 class Request:
     """What our isend/irecv return: torch's request, plus a status line while someone waits on it."""
 
-    def __init__(self, work, text):
-        self._work, self._text = work, text
+    def __init__(self, work, text, buffer=None):
+        # a posted receive holds its buffer until it is waited on, even if the caller drops it
+        self._work, self._text, self._buffer = work, text, buffer
 
     def wait(self, *args, **kwargs):
         set_status(f"waiting in req.wait() for {self._text}")
         result = self._work.wait(*args, **kwargs)
         set_status(f"done waiting for {self._text}")
+        self._buffer = None
         return result
 
     def __getattr__(self, name):
@@ -110,6 +131,8 @@ def _count(kind, tensor, peer):
         COUNTERS.recv_bytes += nbytes
         COUNTERS.recv_messages += 1
         COUNTERS.recvs.append((peer, nbytes))
+        base = tensor._base if tensor._base is not None else tensor
+        COUNTERS.buffers.append((peer, weakref.ref(base)))
 
 
 _blocking = False   # torch's send/recv call isend/irecv + wait: count those once, as send/recv
@@ -157,7 +180,7 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
     text = f"dist.irecv(src={_peer(src, group_src)}) into {describe(tensor)}"
     _count("recv", tensor, _peer(src, group_src))
     set_status(f"posted {text}")
-    return Request(ORIGINAL["irecv"](tensor, src, group=group, tag=tag, group_src=group_src), text)
+    return Request(ORIGINAL["irecv"](tensor, src, group=group, tag=tag, group_src=group_src), text, tensor)
 
 
 def batch_isend_irecv(p2p_op_list):

@@ -61,6 +61,12 @@ HERE = Path(__file__).resolve().parent
 FULL_WORLDS = (1, 2, 3, 4, 5, 8)
 QUICK_WORLDS = (1, 2, 3, 4)
 HANG_SECONDS = float(os.environ.get("GRADER_HANG_SECONDS", 15))
+# When every rank that has not returned is blocked on a message, nothing but a message can move
+# the world: a message on one machine lands in milliseconds, so a few seconds of that is a deadlock
+# (the long wait above is for ranks still computing, which a loaded machine slows).
+WAIT_SECONDS = float(os.environ.get("GRADER_WAIT_SECONDS", 3))
+BLOCKED = ("in dist.send", "in dist.recv", "waiting in req.wait()", "in dist.batch_isend_irecv")
+RETURNED = ("returned from ", "done")
 START_SECONDS = 120      # a world that has not started by then is reported, not waited on
 WORLD_SECONDS = float(os.environ.get("GRADER_WORLD_SECONDS", 300))   # all cases of one world, once started
 
@@ -225,7 +231,14 @@ def run_world(name, source, n, quick, hang_seconds):
             if snapshot != last:
                 last, last_change = snapshot, now
             if world.stop is None:
-                if len(ready) == n and now - last_change > hang_seconds:
+                quiet = now - last_change
+                if len(ready) == n and min(hang_seconds, WAIT_SECONDS) < quiet <= hang_seconds:
+                    statuses = [_status_of(status, r) for r in range(n)]
+                    if _all_blocked(statuses, name):
+                        world.stop = ("deadlock", None, len(_complete(world)), round(quiet, 1))
+                        world.statuses = statuses
+                        break
+                if len(ready) == n and quiet > hang_seconds:
                     world.stop = ("deadlock", None, len(_complete(world)), hang_seconds)
                     world.statuses = [_status_of(status, r) for r in range(n)]
                     break
@@ -251,6 +264,13 @@ def run_world(name, source, n, quick, hang_seconds):
             p.join(timeout=5)
         results.close()
     return world
+
+
+def _all_blocked(statuses, name):
+    """True if every rank is blocked on a message or has returned, and at least one is blocked."""
+    blocked = [s.startswith(BLOCKED) for s in statuses]
+    returned = [s.startswith(f"returned from {name}") or s == "done" for s in statuses]
+    return any(blocked) and all(b or r for b, r in zip(blocked, returned))
 
 
 def _status_of(status, rank):
@@ -633,10 +653,15 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
                 if shape and late is None:    # right result, wrong order of work or memory held
                     late = ("schedule", f"FAIL {name}: correct, but {shape} See {check.chapter}.")
                 if state and late is None:
-                    kept, allowed, total = state
+                    kept, allowed, total, in_state, where = state
+                    outside = ""
+                    if kept > in_state:
+                        outside = (f" The state dict holds {in_state} of them; the rest "
+                                   f"{'are in ' + ', '.join(where[:3]) if where else 'are tensors your step made and keeps'}: "
+                                   f"every tensor a step keeps alive is optimizer state, wherever it is kept.")
                     late = ("state", f"FAIL {name}: correct, but a rank keeps {kept} values of optimizer "
                             f"state where ZeRO-1 keeps about ceil(P/N) = {allowed - n} "
-                            f"(P = {total} parameters, {n} ranks): see {check.chapter}.")
+                            f"(P = {total} parameters, {n} ranks): see {check.chapter}.{outside}")
                 buffer = _buffer_problem(name, check, cases[index], n, reports)
                 if buffer and late is None:
                     late = ("buffer", buffer)
