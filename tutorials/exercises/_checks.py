@@ -179,6 +179,36 @@ def compare(pairs):
     return {"ok": ok, "lines": lines}
 
 
+def pattern(report, expected, received, terms, rank, what="the result"):
+    """Name a recognisable wrong value on a failing ``report``: N times (or 1/N of) the expected
+    sum, one rank's contribution missing or counted twice. ``terms``: each rank's contribution."""
+    if report["ok"] or not isinstance(received, torch.Tensor) or received.shape != expected.shape \
+            or received.dtype != expected.dtype or expected.numel() == 0:
+        return report
+    n = len(terms)
+    hint = None
+    wide = received.double()
+    if n > 1 and bool(expected.ne(0).any()) and torch.equal(wide, n * expected.double()):
+        hint = (f"exactly N = {n} times the expected value; each rank's input was added N times, or "
+                f"a sum was kept where the mean was due (divide by N)")
+    elif n > 1 and torch.equal(wide * n, expected.double()):
+        hint = f"exactly 1/N of the expected value; divided by N = {n} once too often"
+    else:
+        for r, term in enumerate(terms):
+            whose = "this rank's own input" if r == rank else f"rank {r}'s input"
+            if not bool(term.ne(0).any()):
+                continue
+            if torch.equal(wide, expected.double() - term.double()):
+                hint = f"{whose} is missing from the sum; every rank's contribution must be added once"
+            elif torch.equal(wide, expected.double() + term.double()):
+                hint = f"{whose} is counted twice; every rank's contribution must be added once"
+            if hint:
+                break
+    if hint:
+        report["lines"].append(f"({what}: {hint})")
+    return report
+
+
 def compare_rounded(what, terms, received):
     """The report for a cancellation case: any order of summation passes, a wrong sum does not."""
     if within_rounding(terms, received):
@@ -343,8 +373,10 @@ class Reduce:
         fn(tensor, dst)
         if rank != dst:   # like torch: only dst's result is defined
             return {"ok": True, "lines": ["(not dst: any value)"]}
-        expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
-        return compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
+        terms = [reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n)]
+        expected = sum(terms).to(case["dtype"])
+        return pattern(compare([(f"tensor (had {show(mine)})", expected, tensor, mine)]), expected, tensor,
+                       terms, rank)
 
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:
@@ -406,7 +438,8 @@ class ReduceScatter:
         if case.get("cancel"):
             report = compare_rounded("output", terms, output)
         else:
-            report = compare([("output", sum(terms).to(case["dtype"]), output)])
+            report = pattern(compare([("output", sum(terms).to(case["dtype"]), output)]),
+                             sum(terms).to(case["dtype"]), output, terms, rank)
         return untouched(report, [(f"input_list[{j}]", before, now)
                                   for j, (before, now) in enumerate(zip(input_list, handed))])
 
@@ -440,8 +473,10 @@ class AllReduce:
             mine = reduce_input(rank, case["numel"], case["dtype"], case["salt"])
             tensor = mine.clone()
             fn(tensor)
-            expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
-            report = compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
+            terms = [reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n)]
+            expected = sum(terms).to(case["dtype"])
+            report = pattern(compare([(f"tensor (had {show(mine)})", expected, tensor, mine)]), expected,
+                             tensor, terms, rank)
         if isinstance(tensor, torch.Tensor):
             report["bits"] = bits(tensor)   # all_reduce promises the same bits on every rank
         return report
@@ -525,6 +560,8 @@ class AverageGradients:
         fn(model)
         names = [name for name, _ in model.named_parameters()]
         report = compare([(f"{name}.grad", m, p.grad) for name, m, p in zip(names, mean, model.parameters())])
+        first = next(iter(model.parameters()))
+        pattern(report, mean[0], first.grad, [g[0] / n for g in expected], rank, f"{names[0]}.grad")
         return untouched(report, [(f"{name} (the weights)", w, p.detach())
                                   for name, w, p in zip(names, weights, model.parameters())])
 

@@ -66,6 +66,11 @@ class Counters:
         self.sent_bytes = self.sent_messages = self.recv_bytes = self.recv_messages = 0
         self.sends, self.recvs = [], []     # [(peer, nbytes)]
         self.buffers = []                   # [(peer, weakref to the receive buffer's base tensor)]
+        self.isends = []                    # [[text, waited]] of every isend posted
+
+    def unwaited(self):
+        """The isends whose request was never waited on (dropped, or kept and forgotten)."""
+        return [text for text, waited in self.isends if not waited]
 
     def receive_buffers(self, peer):
         """The receive buffers from ``peer`` still alive (posted, or received into and kept)."""
@@ -85,9 +90,13 @@ _rank = 0
 
 
 def set_status(text):
-    """Write "where this rank is" for the parent, and count it as progress."""
+    """Write "where this rank is" for the parent, and count it as progress. A rank that blocks or
+    returns with isends it never waited on says so: the likeliest cause of a message that never came."""
     if _status is None:
         return
+    unwaited = COUNTERS.unwaited()
+    if unwaited and text.startswith(("in dist.", "waiting in", "returned from")):
+        text += f"; never waited on: {unwaited[0]}" + (f" and {len(unwaited) - 1} more" if len(unwaited) > 1 else "")
     data = text.encode("utf-8", "replace")[:SLOT - 1]
     start = _rank * SLOT
     _status[start:start + len(data) + 1] = data + b"\0"
@@ -106,11 +115,13 @@ def _peer(value, group_value):
 class Request:
     """What our isend/irecv return: torch's request, plus a status line while someone waits on it."""
 
-    def __init__(self, work, text, buffer=None):
+    def __init__(self, work, text, buffer=None, record=None):
         # a posted receive holds its buffer until it is waited on, even if the caller drops it
-        self._work, self._text, self._buffer = work, text, buffer
+        self._work, self._text, self._buffer, self._record = work, text, buffer, record
 
     def wait(self, *args, **kwargs):
+        if self._record is not None:
+            self._record[1] = True
         set_status(f"waiting in req.wait() for {self._text}")
         result = self._work.wait(*args, **kwargs)
         set_status(f"done waiting for {self._text}")
@@ -171,7 +182,9 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
     text = f"dist.isend(dst={_peer(dst, group_dst)}) of {describe(tensor)}"
     _count("send", tensor, _peer(dst, group_dst))
     set_status(f"posted {text}")
-    return Request(ORIGINAL["isend"](tensor, dst, group=group, tag=tag, group_dst=group_dst), text)
+    record = [text, False]
+    COUNTERS.isends.append(record)
+    return Request(ORIGINAL["isend"](tensor, dst, group=group, tag=tag, group_dst=group_dst), text, record=record)
 
 
 def irecv(tensor, src=None, group=None, tag=0, group_src=None):
@@ -291,6 +304,8 @@ def worker(rank, world_size, port, name, source, quick, status, progress, result
         except BaseException as exc:
             results.put((rank, "crash", index, learner_traceback(exc, source)))
             return
+        if COUNTERS.unwaited() and isinstance(outcome, dict):
+            outcome["unwaited"] = COUNTERS.unwaited()
         set_status(f"returned from {name} (case {index + 1}); waiting for the other ranks to finish it")
         results.put((rank, "case", index, (outcome, COUNTERS.as_tuple())))
         try:
