@@ -480,7 +480,8 @@ def _crash_text(name, world, check, cases, shown_path, source):
 
 _SHAPE = r"(\w+)\[([\d, ]*)\]"
 _RECEIVING = re.compile(r"^(?:in dist\.recv|waiting in req\.wait\(\) for dist\.irecv)\(src=(\d+)\) into " + _SHAPE)
-_SENDING = re.compile(r"^(?:in dist\.send|waiting in req\.wait\(\) for dist\.isend|posted dist\.isend)"
+_SENDING = re.compile(r"^(?:in dist\.send|returned from dist\.send|waiting in req\.wait\(\) for dist\.isend|"
+                      r"done waiting for dist\.isend|posted dist\.isend)"
                       r"\(dst=(\d+)\) of " + _SHAPE)
 _SIZES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1}
 
