@@ -24,9 +24,12 @@ A check has:
 """
 import copy
 import math
+import weakref
 
 import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 LARGE = 33600            # divisible by 1..8, so the ideal traffic is a whole number of elements
 FULL_DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16)
@@ -176,6 +179,36 @@ def compare(pairs):
     return {"ok": ok, "lines": lines}
 
 
+def pattern(report, expected, received, terms, rank, what="the result"):
+    """Name a recognisable wrong value on a failing ``report``: N times (or 1/N of) the expected
+    sum, one rank's contribution missing or counted twice. ``terms``: each rank's contribution."""
+    if report["ok"] or not isinstance(received, torch.Tensor) or received.shape != expected.shape \
+            or received.dtype != expected.dtype or expected.numel() == 0:
+        return report
+    n = len(terms)
+    hint = None
+    wide = received.double()
+    if n > 1 and bool(expected.ne(0).any()) and torch.equal(wide, n * expected.double()):
+        hint = (f"exactly N = {n} times the expected value; each rank's input was added N times, or "
+                f"a sum was kept where the mean was due (divide by N)")
+    elif n > 1 and torch.equal(wide * n, expected.double()):
+        hint = f"exactly 1/N of the expected value; divided by N = {n} once too often"
+    else:
+        for r, term in enumerate(terms):
+            whose = "this rank's own input" if r == rank else f"rank {r}'s input"
+            if not bool(term.ne(0).any()):
+                continue
+            if torch.equal(wide, expected.double() - term.double()):
+                hint = f"{whose} is missing from the sum; every rank's contribution must be added once"
+            elif torch.equal(wide, expected.double() + term.double()):
+                hint = f"{whose} is counted twice; every rank's contribution must be added once"
+            if hint:
+                break
+    if hint:
+        report["lines"].append(f"({what}: {hint})")
+    return report
+
+
 def compare_rounded(what, terms, received):
     """The report for a cancellation case: any order of summation passes, a wrong sum does not."""
     if within_rounding(terms, received):
@@ -209,6 +242,50 @@ def tensor_label(case, root_name=None):
     if root_name:
         text += f", {root_name}={case['root']}"
     return text
+
+
+class Allocations(TorchFunctionMode):
+    """While active (``with made: fn(...)``): every tensor the solution's code creates, held by weak
+    reference. A memory rule then counts what is still alive, wherever the solution keeps it (a
+    list built up front, an attribute on a parameter, a module global), not only what the grader
+    handed out and can see.
+
+    Args:
+        keep (callable, optional): Which new tensors to remember (default all).
+    """
+
+    def __init__(self, keep=None):
+        super().__init__()
+        self.made, self.keep, self.paused = [], keep, False
+
+    # A function mode, not a dispatch mode: a process's first Python dispatch mode imports
+    # torch._dynamo (8 s), which a rank would spend looking stuck.
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and (self.keep is None or self.keep(t)):
+                self.made.append(weakref.ref(t))
+        return out
+
+    def alive(self):
+        self.made = [r for r in self.made if r() is not None]
+        return [t for t in (r() for r in self.made) if t is not None]
+
+
+def storage_numel(tensors, exclude=()):
+    """Elements held by the distinct storages behind ``tensors`` (a view keeps its whole storage
+    alive), leaving out the storages of ``exclude``."""
+    seen = {t.untyped_storage().data_ptr() for t in exclude if isinstance(t, torch.Tensor)}
+    total = 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes() // t.element_size()
+    return total
 
 
 def log2_ceil(n):
@@ -296,8 +373,10 @@ class Reduce:
         fn(tensor, dst)
         if rank != dst:   # like torch: only dst's result is defined
             return {"ok": True, "lines": ["(not dst: any value)"]}
-        expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
-        return compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
+        terms = [reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n)]
+        expected = sum(terms).to(case["dtype"])
+        return pattern(compare([(f"tensor (had {show(mine)})", expected, tensor, mine)]), expected, tensor,
+                       terms, rank)
 
     def need(self, case, n):
         if case["numel"] != LARGE or n == 1:
@@ -359,7 +438,8 @@ class ReduceScatter:
         if case.get("cancel"):
             report = compare_rounded("output", terms, output)
         else:
-            report = compare([("output", sum(terms).to(case["dtype"]), output)])
+            report = pattern(compare([("output", sum(terms).to(case["dtype"]), output)]),
+                             sum(terms).to(case["dtype"]), output, terms, rank)
         return untouched(report, [(f"input_list[{j}]", before, now)
                                   for j, (before, now) in enumerate(zip(input_list, handed))])
 
@@ -393,8 +473,10 @@ class AllReduce:
             mine = reduce_input(rank, case["numel"], case["dtype"], case["salt"])
             tensor = mine.clone()
             fn(tensor)
-            expected = sum(reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n))
-            report = compare([(f"tensor (had {show(mine)})", expected.to(case["dtype"]), tensor, mine)])
+            terms = [reduce_input(r, case["numel"], case["dtype"], case["salt"]) for r in range(n)]
+            expected = sum(terms).to(case["dtype"])
+            report = pattern(compare([(f"tensor (had {show(mine)})", expected, tensor, mine)]), expected,
+                             tensor, terms, rank)
         if isinstance(tensor, torch.Tensor):
             report["bits"] = bits(tensor)   # all_reduce promises the same bits on every rank
         return report
@@ -478,6 +560,8 @@ class AverageGradients:
         fn(model)
         names = [name for name, _ in model.named_parameters()]
         report = compare([(f"{name}.grad", m, p.grad) for name, m, p in zip(names, mean, model.parameters())])
+        first = next(iter(model.parameters()))
+        pattern(report, mean[0], first.grad, [g[0] / n for g in expected], rank, f"{names[0]}.grad")
         return untouched(report, [(f"{name} (the weights)", w, p.detach())
                                   for name, w, p in zip(names, weights, model.parameters())])
 
@@ -520,10 +604,12 @@ class Zero1Step:
         reference = [t.clone() for t in start]
         buffers = None
         state = {}
+        made = Allocations()
         for step in range(self.steps):
             for p, grad in zip(params, self.grads(rank, step, case)):
                 p.grad = grad
-            fn(params, state, self.lr, self.momentum)
+            with made:
+                fn(params, state, self.lr, self.momentum)
             mean = [sum(gs) / n for gs in zip(*[self.grads(r, step, case) for r in range(n)])]
             buffers = mean if buffers is None else [self.momentum * b + m for b, m in zip(buffers, mean)]
             reference = [p - self.lr * b for p, b in zip(reference, buffers)]
@@ -531,11 +617,15 @@ class Zero1Step:
                               for i, (r, p) in enumerate(zip(reference, params))])
             if not report["ok"]:
                 return report
-        kept = state_numel(state)
+        # What the steps keep alive, wherever: the state dict, or a tensor the solution made and
+        # keeps elsewhere (on a parameter, in a global); the parameters and gradients are the caller's.
+        in_state = state_numel(state)
+        kept = max(in_state, storage_numel(made.alive(), exclude=[*params, *(p.grad for p in params)]))
         total = sum(math.prod(s) for s in case["shapes"])
         allowed = math.ceil(total / n) + n
         if kept > allowed:
-            return {"ok": True, "state": (kept, allowed, total), "lines": report["lines"]}
+            where = [] if kept == in_state else _kept_outside(params, fn)
+            return {"ok": True, "state": (kept, allowed, total, in_state, where), "lines": report["lines"]}
         return report
 
     def need(self, case, n):
@@ -548,6 +638,17 @@ class Zero1Step:
                           f"{self.steps} steps (each: reduce-scatter the gradients, all-gather the parameters; "
                           f"S = {total * 4} bytes)",
                     algorithm="ZeRO-1", chapter=self.chapter)
+
+
+def _kept_outside(params, fn):
+    """Where a solution keeps tensors outside ``state``: attributes of the parameters, its globals."""
+    where = []
+    for i, p in enumerate(params):
+        where += [f"params[{i}].{attr}" for attr, v in vars(p).items() if state_numel(v)]
+    glob = getattr(fn, "__globals__", {})
+    where += [f"the global {name}" for name, v in glob.items()
+              if not name.startswith("__") and isinstance(v, (torch.Tensor, dict, list, tuple)) and state_numel(v)]
+    return where
 
 
 def state_numel(obj):

@@ -81,6 +81,8 @@ class Stage:
         self.next = rank + 1 if rank < p - 1 else None
         self.weight, self.bias = (t.requires_grad_() for t in _layer(rank, case))
         self.work, self.held, self.peak, self.problems = [], {}, 0, []
+        self.posted_peak = 0       # of the peak: activations in receive buffers not yet handed to forward
+        self.used = set()          # storages of the activations handed to forward
         # What every message must hold: the whole pipeline, one micro-batch at a time, here.
         self.inputs, self.grads_in = [], []
         layers = [_layer(s, case) for s in range(p)]
@@ -130,13 +132,32 @@ class Stage:
             x = _micro_batch(i, self.case)[0]
         elif not self._match("forward", i, x, self.inputs):
             x = self.inputs[i]
+        if self.prev is not None:
+            self.used.add(x.untyped_storage().data_ptr())
         x = x.detach().clone().requires_grad_()
         y = _stage_forward(self.weight, self.bias, x)
         if self.next is None:
             y = _loss(y, _micro_batch(i, self.case)[1], self.m)
         self.held[i] = (x, y)
-        self.peak = max(self.peak, len(self.held))
+        posted = self._posted()
+        if len(self.held) + posted > self.peak:
+            self.peak, self.posted_peak = len(self.held) + posted, posted
         return None if self.next is None else y.detach()
+
+    def _posted(self):
+        """Activations this stage holds in receive buffers from the previous stage that no forward
+        has used yet: a receive posted early holds its buffer from the moment it is posted."""
+        if self.prev is None:
+            return 0
+        from tutorials.exercises import _worker
+        one = self.case["rows"] * WIDTH * 8
+        held, seen = 0, set(self.used)
+        for buffer in _worker.COUNTERS.receive_buffers(self.prev):
+            storage = buffer.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                held += max(1, storage.nbytes() // one)
+        return held
 
     def backward(self, i, grad=None):
         """Backward of micro-batch ``i``; ``grad`` is what the next stage sent (None on the last).
@@ -187,8 +208,13 @@ class Pipeline1F1B:
             return report
         want = one_f_one_b(n, m, rank)
         if stage.peak > n - rank:
+            posted = ""
+            if stage.posted_peak:
+                posted = (f"; {stage.posted_peak} of them in receive buffers posted before their forward: a "
+                          f"posted receive holds its buffer until it is used, so post each activation's "
+                          f"receive when its forward is next")
             report["schedule"] = (f"stage {rank} held the activations of {stage.peak} micro-batches at once "
-                                  f"({m} micro-batches, {n} stages); 1F1B holds at most p - s = {n - rank}: "
+                                  f"({m} micro-batches, {n} stages{posted}); 1F1B holds at most p - s = {n - rank}: "
                                   f"after min(p - s - 1, m) warm-up forwards, run one backward after each "
                                   f"forward, so each backward frees what its forward kept.")
         elif stage.work != want:
@@ -244,11 +270,33 @@ def _fsdp_loss(y, target):
 class Layers(list):
     """``layers[i](flat, x)``: layer i computed with its full flat parameter vector ``flat``
     (at least its parameters' values; the padding after them is ignored). Counts the full
-    vectors alive at once, as the grader's measure of parameter memory."""
+    vectors alive at once, as the grader's measure of parameter memory: those handed to a layer
+    and still referenced (an autograd graph keeps them too), and, with ``made`` and ``full``,
+    every tensor the solution made that holds a layer's full vector, handed over or not (a
+    model gathered up front is alive at the first layer's forward)."""
 
-    def __init__(self):
+    def __init__(self, made=None, full=None):
         self.alive, self.peak = [], 0
+        self.made, self.full = made, full
         super().__init__(self._make(i) for i in range(len(FSDP_LAYERS)))
+
+    def _gathered(self, flat):
+        """How many layers' full vectors the solution's tensors hold now (one per storage and layer)."""
+        if self.made is None:
+            return 0
+        self.made.paused = True
+        try:
+            held = set()
+            for t in [flat, *self.made.alive()]:
+                if t.dtype != torch.float64 or t.dim() != 1:
+                    continue
+                values = t.detach()
+                for j, want in enumerate(self.full):
+                    if values.numel() >= want.numel() and torch.equal(values[:want.numel()], want):
+                        held.add((t.untyped_storage().data_ptr(), j))
+            return len(held)
+        finally:
+            self.made.paused = False
 
     def _make(self, i):
         fan_in, fan_out = FSDP_LAYERS[i]
@@ -259,7 +307,7 @@ class Layers(list):
             if not any(r() is base for r in self.alive):
                 self.alive.append(weakref.ref(base))
             self.alive = [r for r in self.alive if r() is not None]
-            self.peak = max(self.peak, len(self.alive))
+            self.peak = max(self.peak, len(self.alive), self._gathered(flat))
             weight = flat[:fan_out * fan_in].view(fan_out, fan_in)
             y = x @ weight.t() + flat[fan_out * fan_in:fan_out * fan_in + fan_out]
             return torch.tanh(y) if i < len(FSDP_LAYERS) - 1 else y
@@ -283,10 +331,13 @@ class FsdpStep:
         pieces = [math.ceil(f.numel() / n) for f in full]
         padded = [torch.cat([f, f.new_zeros(k * n - f.numel())]) for f, k in zip(full, pieces)]
         shards = [p[rank * k:(rank + 1) * k].clone() for p, k in zip(padded, pieces)]
-        layers = Layers()
+        made = _checks().Allocations(keep=lambda t: t.dtype == torch.float64 and t.dim() == 1
+                                     and t.numel() >= min(f.numel() for f in full))
+        layers = Layers(made, full)
         x, target = _fsdp_batch(rank, case)
         handed = [[s.clone() for s in shards], x.clone(), target.clone()]
-        grads = fn(handed[0], layers, handed[1], handed[2], _fsdp_loss)
+        with made:
+            grads = fn(handed[0], layers, handed[1], handed[2], _fsdp_loss)
         _progress("(grader) computing the expected gradients")
         expected = self.reference(case, n, rank, pieces)
         if not isinstance(grads, (list, tuple)) or len(grads) != len(expected):

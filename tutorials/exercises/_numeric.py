@@ -90,7 +90,7 @@ def _memory(stage):
     sharded = {0: "nothing is sharded", 1: "ZeRO-1 shards the 12 bytes of optimizer state over N",
                2: "ZeRO-2 shards the optimizer state and the gradients", 3: "ZeRO-3 shards all three"}[stage]
     return total, [first, f"{sharded}: {kept[0] / GB:g} + {kept[1] / GB:g} + {kept[2] / GB:g} GB "
-                          f"= {total:.2f} GB per rank (Psi = 7.5e9, N = 64)"]
+                          f"= {total:.2f} GB per rank (Psi = 7.5e9{', N = 64' if stage else ''})"]
 
 
 def _overlap():

@@ -19,6 +19,7 @@ import importlib.util
 import os
 import sys
 import traceback
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -39,8 +40,19 @@ BUILTINS = [
 ]
 LIBRARY = _routes.LIBRARY
 
-ORIGINAL = {name: getattr(c10d, name) for name in ["send", "recv", "isend", "irecv", "batch_isend_irecv",
-                                                    "barrier"]}
+def _plain(fn):
+    """``fn`` with torch-function modes off: c10d's send hands a tensor under a mode (the memory
+    rules' :class:`_checks.Allocations`) back to ``c10d.send`` by name, which is our wrapper: it
+    would count the message twice."""
+    def call(*args, **kwargs):
+        with torch._C.DisableTorchFunction():
+            return fn(*args, **kwargs)
+    call.__name__ = fn.__name__
+    return call
+
+
+ORIGINAL = {name: _plain(getattr(c10d, name)) for name in ["send", "recv", "isend", "irecv", "batch_isend_irecv",
+                                                           "barrier"]}
 
 
 class Counters:
@@ -53,6 +65,18 @@ class Counters:
     def reset(self):
         self.sent_bytes = self.sent_messages = self.recv_bytes = self.recv_messages = 0
         self.sends, self.recvs = [], []     # [(peer, nbytes)]
+        self.buffers = []                   # [(peer, weakref to the receive buffer's base tensor)]
+        self.isends = []                    # [[text, waited]] of every isend posted
+
+    def unwaited(self):
+        """The isends whose request was never waited on (dropped, or kept and forgotten)."""
+        return [text for text, waited in self.isends if not waited]
+
+    def receive_buffers(self, peer):
+        """The receive buffers from ``peer`` still alive (posted, or received into and kept)."""
+        alive = [(p, r) for p, r in self.buffers if r() is not None]
+        self.buffers = alive
+        return [r() for p, r in alive if p == peer and r() is not None]
 
     def as_tuple(self):
         return (self.sent_bytes, self.sent_messages, self.recv_bytes, self.recv_messages,
@@ -66,9 +90,13 @@ _rank = 0
 
 
 def set_status(text):
-    """Write "where this rank is" for the parent, and count it as progress."""
+    """Write "where this rank is" for the parent, and count it as progress. A rank that blocks or
+    returns with isends it never waited on says so: the likeliest cause of a message that never came."""
     if _status is None:
         return
+    unwaited = COUNTERS.unwaited()
+    if unwaited and text.startswith(("in dist.", "waiting in", "returned from")):
+        text += f"; never waited on: {unwaited[0]}" + (f" and {len(unwaited) - 1} more" if len(unwaited) > 1 else "")
     data = text.encode("utf-8", "replace")[:SLOT - 1]
     start = _rank * SLOT
     _status[start:start + len(data) + 1] = data + b"\0"
@@ -87,13 +115,17 @@ def _peer(value, group_value):
 class Request:
     """What our isend/irecv return: torch's request, plus a status line while someone waits on it."""
 
-    def __init__(self, work, text):
-        self._work, self._text = work, text
+    def __init__(self, work, text, buffer=None, record=None):
+        # a posted receive holds its buffer until it is waited on, even if the caller drops it
+        self._work, self._text, self._buffer, self._record = work, text, buffer, record
 
     def wait(self, *args, **kwargs):
+        if self._record is not None:
+            self._record[1] = True
         set_status(f"waiting in req.wait() for {self._text}")
         result = self._work.wait(*args, **kwargs)
         set_status(f"done waiting for {self._text}")
+        self._buffer = None
         return result
 
     def __getattr__(self, name):
@@ -110,6 +142,8 @@ def _count(kind, tensor, peer):
         COUNTERS.recv_bytes += nbytes
         COUNTERS.recv_messages += 1
         COUNTERS.recvs.append((peer, nbytes))
+        base = tensor._base if tensor._base is not None else tensor
+        COUNTERS.buffers.append((peer, weakref.ref(base)))
 
 
 _blocking = False   # torch's send/recv call isend/irecv + wait: count those once, as send/recv
@@ -148,7 +182,9 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
     text = f"dist.isend(dst={_peer(dst, group_dst)}) of {describe(tensor)}"
     _count("send", tensor, _peer(dst, group_dst))
     set_status(f"posted {text}")
-    return Request(ORIGINAL["isend"](tensor, dst, group=group, tag=tag, group_dst=group_dst), text)
+    record = [text, False]
+    COUNTERS.isends.append(record)
+    return Request(ORIGINAL["isend"](tensor, dst, group=group, tag=tag, group_dst=group_dst), text, record=record)
 
 
 def irecv(tensor, src=None, group=None, tag=0, group_src=None):
@@ -157,7 +193,7 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
     text = f"dist.irecv(src={_peer(src, group_src)}) into {describe(tensor)}"
     _count("recv", tensor, _peer(src, group_src))
     set_status(f"posted {text}")
-    return Request(ORIGINAL["irecv"](tensor, src, group=group, tag=tag, group_src=group_src), text)
+    return Request(ORIGINAL["irecv"](tensor, src, group=group, tag=tag, group_src=group_src), text, tensor)
 
 
 def batch_isend_irecv(p2p_op_list):
@@ -268,6 +304,8 @@ def worker(rank, world_size, port, name, source, quick, status, progress, result
         except BaseException as exc:
             results.put((rank, "crash", index, learner_traceback(exc, source)))
             return
+        if COUNTERS.unwaited() and isinstance(outcome, dict):
+            outcome["unwaited"] = COUNTERS.unwaited()
         set_status(f"returned from {name} (case {index + 1}); waiting for the other ranks to finish it")
         results.put((rank, "case", index, (outcome, COUNTERS.as_tuple())))
         try:

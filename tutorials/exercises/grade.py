@@ -26,12 +26,19 @@ What is checked (exit status 0 only on a pass):
 6. **Receive sizes**: each send is paired with its receive (per pair of ranks, in
    posting order); a receive buffer larger than its message is reported (gloo
    accepts it, NCCL and the library's door do not).
-7. **Deadlock**: when no rank makes a call for ``hang_seconds`` (default 15), the
-   world is stopped and the verdict shows the call and peer each rank was stuck in,
-   and names a cycle of waits (send-send, recv-recv, or mixed) where there is one.
-8. **Crash**: the traceback of the rank that raised, once.
+7. **Deadlock**: when every rank that has not returned is blocked on a message for
+   ``GRADER_WAIT_SECONDS`` (3), or no rank makes a call for ``hang_seconds`` (default 15:
+   ranks still computing), the world is stopped and the verdict shows the call and peer
+   each rank was stuck in, an isend whose request was never waited on, and names a cycle
+   of waits (send-send, recv-recv, or mixed) where there is one.
+8. **Crash**: the traceback of the rank that raised, once; a receive buffer shorter than
+   its message (gloo aborts the receiver) is named as the cause.
+9. **Memory**: what the solution keeps alive, not only what it is handed (ZeRO-1's
+   state wherever it is kept, FSDP's gathered layers, 1F1B's posted receives).
+10. **Requests**: an isend never waited on, even where the result came out right.
 
-Every world size is graded, also after one fails (except for mistakes that are the
+Worlds of 2 ranks and more run first, the world of 1 last (a deadlock shows in the first
+world run). Every world size is graded, also after one fails (except for mistakes that are the
 same on every world: a built-in called, a stub not written, a file that does not
 load; and a deadlock, which costs ``hang_seconds`` a world: grading stops at the first). The verdict is the first failure of results, bits, inputs, deadlock or crash
 over all worlds, else the first of traffic, state or receive sizes (the results were
@@ -61,6 +68,12 @@ HERE = Path(__file__).resolve().parent
 FULL_WORLDS = (1, 2, 3, 4, 5, 8)
 QUICK_WORLDS = (1, 2, 3, 4)
 HANG_SECONDS = float(os.environ.get("GRADER_HANG_SECONDS", 15))
+# When every rank that has not returned is blocked on a message, nothing but a message can move
+# the world: a message on one machine lands in milliseconds, so a few seconds of that is a deadlock
+# (the long wait above is for ranks still computing, which a loaded machine slows).
+WAIT_SECONDS = float(os.environ.get("GRADER_WAIT_SECONDS", 3))
+BLOCKED = ("in dist.send", "in dist.recv", "waiting in req.wait()", "in dist.batch_isend_irecv")
+RETURNED = ("returned from ", "done")
 START_SECONDS = 120      # a world that has not started by then is reported, not waited on
 WORLD_SECONDS = float(os.environ.get("GRADER_WORLD_SECONDS", 300))   # all cases of one world, once started
 
@@ -69,7 +82,7 @@ class Verdict:
     """The grader's answer: ``passed`` (bool), ``text`` (what it printed), ``reason`` (one word).
 
     ``reason`` is one of "pass", "wrong", "changed_input", "builtin", "traffic", "state",
-    "schedule", "buffer", "deadlock", "crash", "not_written", "load_error", "died", "slow".
+    "schedule", "buffer", "unwaited", "deadlock", "crash", "not_written", "load_error", "died", "slow".
     """
 
     def __init__(self, name, passed, reason, text):
@@ -218,6 +231,7 @@ def run_world(name, source, n, quick, hang_seconds):
                         break
                 elif world.stop is None:
                     world.stop = (kind, rank, index, payload)
+                    world.statuses = [_status_of(status, r) for r in range(n)]   # a short receive shows here
                     stop_at = time.monotonic() + 1.0   # collect the other ranks' reports for a moment
                 else:
                     world.others[rank] = (kind, payload)
@@ -225,7 +239,14 @@ def run_world(name, source, n, quick, hang_seconds):
             if snapshot != last:
                 last, last_change = snapshot, now
             if world.stop is None:
-                if len(ready) == n and now - last_change > hang_seconds:
+                quiet = now - last_change
+                if len(ready) == n and min(hang_seconds, WAIT_SECONDS) < quiet <= hang_seconds:
+                    statuses = [_status_of(status, r) for r in range(n)]
+                    if _all_blocked(statuses, name):
+                        world.stop = ("deadlock", None, len(_complete(world)), min(hang_seconds, WAIT_SECONDS))
+                        world.statuses = statuses
+                        break
+                if len(ready) == n and quiet > hang_seconds:
                     world.stop = ("deadlock", None, len(_complete(world)), hang_seconds)
                     world.statuses = [_status_of(status, r) for r in range(n)]
                     break
@@ -251,6 +272,16 @@ def run_world(name, source, n, quick, hang_seconds):
             p.join(timeout=5)
         results.close()
     return world
+
+
+NEVER_WAITED = "; never waited on: "
+
+
+def _all_blocked(statuses, name):
+    """True if every rank is blocked on a message or has returned, and at least one is blocked."""
+    blocked = [s.startswith(BLOCKED) for s in statuses]
+    returned = [s.startswith(f"returned from {name}") or s == "done" for s in statuses]
+    return any(blocked) and all(b or r for b, r in zip(blocked, returned))
 
 
 def _status_of(status, rank):
@@ -288,6 +319,15 @@ def _deadlock_text(name, world, check, cases):
              + f", no rank made any progress for {world.stop[3]:g} s, so the grader stopped them.",
              "Where each rank was waiting:" if waiting else "Where each rank was:"]
     lines += [f"  rank {r}: {text}" for r, text in enumerate(statuses)]
+    dropped = [(r, s.split(NEVER_WAITED, 1)[1]) for r, s in enumerate(statuses) if NEVER_WAITED in s]
+    if dropped:
+        r, what = dropped[0]
+        lines.append(f"{_ranks([d for d, _ in dropped]).capitalize()} posted an isend and never waited on its "
+                     f"request (rank {r}: {what}). A send is done only when its request's wait() returns; "
+                     f"a request dropped unwaited may never be sent at all, and its peer waits for it "
+                     f"forever. Keep every request dist.isend returns and call .wait() on each before "
+                     f"returning (or before reusing its buffer): see chapter 2 (tutorials/02_point_to_point.md).")
+        return "\n".join(lines)
     cycle_lines = _cycle_lines(statuses, finished, world.n)
     if not waiting and busy:
         lines.append(f"No rank is waiting for a message: {_ranks(busy)} {'is' if len(busy) == 1 else 'are'} "
@@ -414,6 +454,14 @@ def _crash_text(name, world, check, cases, shown_path, source):
                 + "\n".join(f"  rank {r}: {s}" for r, s in enumerate(world.statuses)))
     if kind == "load_error":
         return f"FAIL {name}: the solution could not be loaded:\n{payload}"
+    short = _short_receive(world.statuses or []) if kind in ("died", "crash") else None
+    if short:
+        return (f"FAIL {name}: a receive buffer too short {where}: {short} A receive must name a buffer of at least the "
+                    f"message's size, exactly its size for NCCL and collectives' door; gloo aborts the "
+                    f"receiving process (\"Received data size doesn't match expected size\", in the error "
+                f"output above; its peer then sees \"Connection reset by peer\"). Receive into a tensor of "
+                f"the sender's shape and dtype.\n"
+                + "\n".join(f"  rank {r}: {s}" for r, s in enumerate(world.statuses)))
     if kind == "died":
         text = f"FAIL {name}: {payload} {where} (its error output, above, may say why)."
         if world.statuses and any(world.statuses):
@@ -428,6 +476,39 @@ def _crash_text(name, world, check, cases, shown_path, source):
     if other and world.n > 1:
         text += f"\n({_ranks(other)} {'was' if len(other) == 1 else 'were'} stopped)"
     return text
+
+
+_SHAPE = r"(\w+)\[([\d, ]*)\]"
+_RECEIVING = re.compile(r"^(?:in dist\.recv|waiting in req\.wait\(\) for dist\.irecv)\(src=(\d+)\) into " + _SHAPE)
+_SENDING = re.compile(r"^(?:in dist\.send|returned from dist\.send|waiting in req\.wait\(\) for dist\.isend|"
+                      r"done waiting for dist\.isend|posted dist\.isend)"
+                      r"\(dst=(\d+)\) of " + _SHAPE)
+_SIZES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1}
+
+
+def _nbytes(dtype, dims):
+    numel = 1
+    for d in dims.replace(" ", "").split(",") if dims.strip() else []:
+        numel *= int(d)
+    return numel * _SIZES.get(dtype, 4)
+
+
+def _short_receive(statuses):
+    """Where a rank receives into a buffer smaller than the message its peer is sending, else None
+    (from where each rank was: gloo aborts a receiver that gets more than its buffer holds)."""
+    for r, text in enumerate(statuses):
+        got = _RECEIVING.match(text)
+        if not got or int(got[1]) >= len(statuses):
+            continue
+        src = int(got[1])
+        sent = _SENDING.match(statuses[src])
+        if sent and int(sent[1]) == r:
+            have, need = _nbytes(got[2], got[3]), _nbytes(sent[2], sent[3])
+            if have < need:
+                return (f"rank {r} receives from rank {src} into {got[2]}[{got[3]}] ({have} bytes), but rank "
+                        f"{src} sends {sent[2]}[{sent[3]}] ({need} bytes): the receive buffer is shorter "
+                        f"than the message.")
+    return None
 
 
 UNCHANGED = "(unchanged:"
@@ -515,8 +596,8 @@ def _buffer_problem(name, check, case, n, reports):
 
 def _worlds_line(outcomes):
     """'Passed on worlds of 2, 4 ranks; failed on 3 (deadlock).': the clue that a mistake depends on N."""
-    passed = [str(n) for n, o in outcomes.items() if o == "pass"]
-    failed = [f"{n} ({o})" for n, o in outcomes.items() if o != "pass"]
+    passed = [str(n) for n, o in sorted(outcomes.items()) if o == "pass"]
+    failed = [f"{n} ({o})" for n, o in sorted(outcomes.items()) if o != "pass"]
     head = f"Passed on worlds of {', '.join(passed)} rank{'s' if passed != ['1'] else ''}" if passed \
         else "Passed on no world"
     return f"{head}; failed on {', '.join(failed)}."
@@ -608,15 +689,21 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
     # The first hard failure (wrong, deadlock, crash, ...) over all worlds is the verdict; only
     # without one does the first soft failure (traffic, state, buffer: the results were right) count.
     hard, soft, summaries, counted, outcomes = None, None, [], 0, {}
+    # The worlds where messages can cycle first: a deadlock (the likeliest mistake to cost time) is
+    # found in the first world run, not after a world of 1 has run every case.
+    order = sorted(sizes, key=lambda n: (n == 1, n))
     try:
-        for n in sizes:
+        for n in order:
             cases = check.cases(n, quick)
             world = run_world(name, source, n, quick, hang)
             failed, late = None, None
             if world.stop is not None and world.stop[0] == "deadlock":
                 failed = Verdict(name, False, "deadlock", _deadlock_text(name, world, check, cases))
             elif world.stop is not None:
-                failed = Verdict(name, False, world.stop[0], _crash_text(name, world, check, cases, shown, source))
+                reason = world.stop[0]
+                if reason in ("died", "crash") and _short_receive(world.statuses or []):
+                    reason = "buffer"
+                failed = Verdict(name, False, reason, _crash_text(name, world, check, cases, shown, source))
             for index in _complete(world):
                 reports = world.cases[index]
                 if not all(o["ok"] for o, _ in reports.values()):
@@ -633,10 +720,25 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
                 if shape and late is None:    # right result, wrong order of work or memory held
                     late = ("schedule", f"FAIL {name}: correct, but {shape} See {check.chapter}.")
                 if state and late is None:
-                    kept, allowed, total = state
+                    kept, allowed, total, in_state, where = state
+                    outside = ""
+                    if kept > in_state:
+                        outside = (f" The state dict holds {in_state} of them; the rest "
+                                   f"{'are in ' + ', '.join(where[:3]) if where else 'are tensors your step made and keeps'}: "
+                                   f"every tensor a step keeps alive is optimizer state, wherever it is kept.")
                     late = ("state", f"FAIL {name}: correct, but a rank keeps {kept} values of optimizer "
                             f"state where ZeRO-1 keeps about ceil(P/N) = {allowed - n} "
-                            f"(P = {total} parameters, {n} ranks): see {check.chapter}.")
+                            f"(P = {total} parameters, {n} ranks): see {check.chapter}.{outside}")
+                unwaited = next(((r, o["unwaited"]) for r, (o, _) in sorted(reports.items())
+                                 if o.get("unwaited")), None)
+                if unwaited and late is None:
+                    r, texts = unwaited
+                    late = ("unwaited", f"FAIL {name}: correct, but rank {r} returned without waiting on "
+                            f"{len(texts)} isend request{'s' if len(texts) > 1 else ''} ({texts[0]}), "
+                            f"{_case_words(check, cases[index], n)}, {n} ranks. Until its wait() returns, a "
+                            f"send may still be reading its buffer: the caller may change or free it, and "
+                            f"the message then holds whatever was there. Call .wait() on every request "
+                            f"before returning: see chapter 2 (tutorials/02_point_to_point.md).")
                 buffer = _buffer_problem(name, check, cases[index], n, reports)
                 if buffer and late is None:
                     late = ("buffer", buffer)
@@ -662,14 +764,14 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
         verdict = hard if hard is not None else soft   # a Verdict that failed is falsy
         if verdict is not None:
             verdict.text += "\n" + _worlds_line(outcomes)
-            skipped = [str(n) for n in sizes if n not in outcomes]
+            skipped = [str(n) for n in sorted(sizes) if n not in outcomes]
             if skipped:
                 why = ("stopped at the first deadlock: fix it, then grade again" if verdict.reason == "deadlock"
                        else "this mistake is the same on every world")
                 verdict.text += f" Not run: {', '.join(skipped)} ({why})."
         if verdict is None:
             text = (f"PASS {name}: correct in all {counted} cases on worlds of "
-                    f"{', '.join(map(str, sizes))} ranks.")
+                    f"{', '.join(map(str, sorted(sizes)))} ranks.")
             if summaries:
                 text += f"\nTraffic {summaries[-1]}."
             verdict = Verdict(name, True, "pass", text)
@@ -681,6 +783,45 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
     if verbose:
         print(verdict.text)
     return verdict
+
+
+# How hard each exercise is (1-3) and about how long it takes, the first time, with its chapter read.
+DIFFICULTY = {
+    "send_recv_ring": (1, 15), "broadcast": (2, 30), "reduce": (2, 30), "all_gather": (1, 30),
+    "reduce_scatter": (2, 30), "all_reduce": (2, 45), "all_to_all": (1, 20), "average_gradients": (1, 15),
+    "zero1_step": (2, 45), "sim_all_reduce": (2, 30), "pipeline_1f1b": (3, 60), "tensor_parallel_mlp": (3, 60),
+    "fsdp_step": (3, 60), "moe_dispatch": (3, 60), "ring_attention": (3, 60),
+}
+NUMERIC_DIFFICULTY = (1, 10)
+
+
+def _first_sentence(text, limit=110):
+    text = " ".join(text.split()).replace("``", "")
+    cut = re.search(r"(?<=[a-z0-9)\]])\.\s", text)
+    text = text[:cut.start() + 1] if cut else text
+    text = text[:1].upper() + text[1:]
+    return text if len(text) <= limit else text[:limit - 3].rsplit(" ", 1)[0] + "..."
+
+
+def listing():
+    """The exercises, one a line: name, chapter, difficulty, time, and the hint's first sentence
+    (read from each exercise's docstring, so it is the hint the learner will see)."""
+    from tutorials.exercises import EXERCISES
+    rows = []
+    for name in EXERCISES:
+        doc = (HERE / f"{name}.py").read_text().split('"""')[1]
+        chapter = re.search(r"Read: chapter (\d+)", doc)[1]
+        hint = doc.split("Hint:", 1)[1].split("\n\n", 1)[0]
+        rows.append((int(chapter), name, *DIFFICULTY[name], _first_sentence(hint)))
+    for name, exercise in _numeric.NUMERIC.items():
+        chapter = re.search(r"chapter (\d+)", exercise.chapter)[1]
+        rows.append((int(chapter), name, *NUMERIC_DIFFICULTY, _first_sentence(exercise.question) + " (--answer)"))
+    width = max(len(r[1]) for r in rows)
+    lines = [f"{'exercise':<{width}}  ch  level      time    hint"]
+    for chapter, name, level, minutes, hint in sorted(rows, key=lambda r: r[0]):
+        lines.append(f"{name:<{width}}  {chapter:>2}  {'*' * level + '.' * (3 - level):<9}  {minutes:>3} min  {hint}")
+    lines.append("Grade one: python -m tutorials.exercises.grade NAME (--quick for worlds of 1-4 ranks).")
+    return "\n".join(lines)
 
 
 # exercises whose function has the algorithm modules' signature (comm, tensor, op): their run can be drawn
@@ -705,7 +846,13 @@ def draw(name, solution, path, world_size=4):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Grade an exercise of tutorials/exercises/.")
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--list" in argv:
+        print(listing())
+        return 0
+    parser = argparse.ArgumentParser(description="Grade an exercise of tutorials/exercises/ "
+                                                 "(--list: every exercise, its chapter, difficulty and a hint).")
     parser.add_argument("name", choices=[*_checks.CHECKS, *_numeric.NUMERIC],
                         help="the exercise (the function's name, or a numeric exercise of chapter 13)")
     parser.add_argument("--answer", help="your number, for a numeric exercise (chapter 13)")
