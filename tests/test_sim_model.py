@@ -157,3 +157,40 @@ def test_a_chain_of_links_passes_a_change_on():
     assert t[0] == pytest.approx(3 * S / (4 * B), rel=1e-12)
     assert t[4] == pytest.approx(7 * S / (4 * B), rel=1e-12)
     assert t[2] == pytest.approx(2 * S / B, rel=1e-12)        # Y busy at B throughout: 2 S
+
+
+# ------------------------------------------------------------- the command
+
+def test_cli_model_and_gap(capsys):
+    """--model alpha-beta times the linear broadcast as alpha + (N-1) S/B; --gap sets g."""
+    from collectives.sim.cli import main
+    argv = ["--collective", "broadcast", "--algorithm", "linear", "--world-size", "8", "-b", "4K", "-e", "4K"]
+
+    def time_of(*extra):
+        assert main(argv + list(extra)) == 0
+        out = capsys.readouterr().out
+        return out, float(next(line for line in out.splitlines() if " linear " in line).split()[4])
+
+    out, ab = time_of("--model", "alpha-beta")
+    assert "alpha-beta" in out.splitlines()[0]
+    assert ab == pytest.approx((10e-6 + 7 * 4096 / 12.5e9) * 1e6, abs=0.005)   # printed to 0.01 us
+    _, gap = time_of("--gap", "2e-6")
+    # the root starts a message each 2 us: the last starts at 6 * 2 us; the links are never
+    # the limit (4096 B take 0.33 us, less than g), so it lands alpha + S/B later
+    assert gap == pytest.approx((6 * 2e-6 + 10e-6 + 4096 / 12.5e9) * 1e6, abs=0.005)
+
+
+@pytest.mark.parametrize("argv, words", [(["--gap", "-1"], "gap must be a non-negative number"),
+                                         (["--topology", "h100-cluster", "--gap", "nan"], "gap must be")])
+def test_cli_bad_gap_is_refused_before_anything_runs(capsys, argv, words):
+    from collectives.sim.cli import main
+    assert main(["--world-size", "4", "-b", "4K", "-e", "4K"] + argv) == 2
+    out, err = capsys.readouterr()
+    assert words in err and out == ""
+
+
+def test_cli_unknown_model_is_refused(capsys):
+    from collectives.sim.cli import main
+    with pytest.raises(SystemExit) as info:
+        main(["--model", "logp"])
+    assert info.value.code == 2
