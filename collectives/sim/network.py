@@ -14,9 +14,9 @@ cross-traffic), by progressive filling:
 
 So two flows on one link get half of it each, and a flow held back elsewhere (a slow link,
 a crowded NIC) leaves what it cannot use to the others on its links. The rates are
-recomputed when a flow starts or ends, for the flows that share a link with it, with the
-flows that share a link with those, and so on (the *component*): a flow's rate can change
-through a chain of links it does not cross. A flow alone on its links (a ring on a switch:
+recomputed when flows start or end (once for all that do at one instant), for the flows that
+share a link with them, with the flows that share a link with those, and so on (the
+*component*): a flow's rate can change through a chain of links it does not cross. A flow alone on its links (a ring on a switch:
 one flow per link) is the common case and costs no sharing at all.
 
 Each flow's finish time is recomputed whenever its rate changes; older finish events in the
@@ -49,6 +49,9 @@ class Network:
         # are rescheduled in the same order in every run (a set's order follows memory
         # addresses, and equal finish times then break ties differently from run to run)
         self.active = {}
+        # links whose flows changed since the last sharing: flows that start or end at one
+        # instant (a linear root's N-1 messages) are shared once, not once each
+        self.dirty = {}
 
     def start(self, links, nbytes, done, *args):
         """Begin moving ``nbytes`` over ``links`` now; call ``done(*args)`` when the last byte lands."""
@@ -73,7 +76,20 @@ class Network:
             return
         for link in links:
             active.setdefault(link, {})[flow] = None
-        self._share(links, now)
+        self._mark(links)
+
+    def _mark(self, links):
+        """Share ``links`` again once every event of this instant has run."""
+        if not self.dirty:
+            self.world.at(self.world.now, self._reshare)
+        for link in links:
+            self.dirty[link] = None
+
+    def _reshare(self):
+        links = [link for link in self.dirty if link in self.active]
+        self.dirty = {}
+        if links:
+            self._share(links, self.world.now)
 
     def _component(self, links):
         """The flows whose rates depend on ``links``' flows, and the links they cross."""
@@ -147,6 +163,6 @@ class Network:
         flow.version += 1
         shared = [link for link in links if link in self.active]
         if shared:
-            self._share(shared, now)
+            self._mark(shared)
         done, args = flow.done
         done(*args)
