@@ -13,7 +13,8 @@ step factor (``-i`` step increment when ``-f 1``), ``-c 1`` (or ``--check``) to 
 tensors and check each rank's result against the closed form; ``-n``/``-w`` are accepted and
 ignored (a simulation gives the same time every time). Ours: ``--collective``,
 ``--algorithm`` (names or ``all``), ``--world-size``, ``--topology`` (a preset, ``local``, or a
-JSON file; see ``collectives/sim/topology.py``), ``--root``, ``--function FILE.py:NAME`` (your
+JSON file; see ``collectives/sim/topology.py``), ``--model`` (``loggp``, the default, or
+``alpha-beta``: no gap, no overhead) and ``--gap SECONDS`` (LogGP's g), ``--root``, ``--function FILE.py:NAME`` (your
 own algorithm, with the signature of the algorithm modules), ``--json FILE`` (one object per
 row), ``--trace FILE`` (a Perfetto trace, in simulated time, of the first algorithm at the
 first world size and size).
@@ -107,6 +108,12 @@ def parser():
     p.add_argument("--root", type=int, default=0, help="root of broadcast, reduce, gather, scatter")
     p.add_argument("--topology", default="ethernet-100g",
                    help=f"{', '.join(topologies.names())}, or a JSON file (default ethernet-100g)")
+    p.add_argument("--model", default=None, choices=topologies.MODELS,
+                   help="the network model: loggp (the topology's gap and overhead; the default) or "
+                        "alpha-beta (no gap, no overhead: concurrent messages overlap their alphas)")
+    p.add_argument("--gap", default=None, type=float, metavar="SECONDS",
+                   help="LogGP's g: least time between two message starts out of (or into) one rank "
+                        "(default: the topology's gap, else its alpha)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows as a JSON list")
     p.add_argument("--trace", default=None, metavar="FILE", help="Perfetto trace of the first point")
     p.add_argument("--html", default=None, metavar="FILE",
@@ -134,6 +141,10 @@ def plan(args):
         todo.append((c, [(a, a) for a in names]))
     points = sizes(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
     spec = topologies.load(args.topology)
+    if args.model is not None or args.gap is not None:
+        spec = dict(spec, **({"model": args.model} if args.model else {}),
+                    **({"gap": args.gap} if args.gap is not None else {}))
+        spec = topologies.validate(spec)
     for n in args.world_size:
         if any(c in ROOTED for c in collectives_) and not 0 <= args.root < n:
             raise ValueError(f"--root {args.root} is out of range for --world-size {n}")

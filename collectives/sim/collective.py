@@ -162,6 +162,7 @@ class Result:
     outputs: list = field(repr=False)         # per rank: its output tensors (empty for meta)
     wrong: object = None                       # (rank, output, element, got, want) of the first error
     link_bytes: dict = field(default_factory=dict)   # link class -> bytes it carried, once per link crossed
+    schedule: list = field(default=None, repr=False)  # per rank: its posts and waits (``schedule=True``)
 
     @property
     def algbw(self):
@@ -241,7 +242,8 @@ def resolve_algorithm(collective, algorithm):
 
 
 def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g", root=0,
-             device="meta", dtype=torch.float32, op=ReduceOp.SUM, check=None, calls=1, memory=None):
+             device="meta", dtype=torch.float32, op=ReduceOp.SUM, check=None, calls=1, memory=None,
+             schedule=False):
     """Simulate one call of ``algorithm`` (a registered name or a function with the algorithm
     modules' signature) of ``collective`` on ``world_size`` virtual ranks.
 
@@ -257,6 +259,9 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         calls: how many calls each rank makes back to back, as a benchmark that times a batch
             of calls does (the next call's messages meet the slower ranks' last ones); each
             starts from fresh inputs, and ``time`` is per call (the whole / ``calls``).
+        schedule: keep each rank's posts, waits and CPU time in ``Result.schedule`` (see
+            :class:`~collectives.sim.world.World`), for another simulator to play the same
+            messages (``python -m benchmarks.sim_vs_simgrid``).
 
     Returns:
         :class:`Result`. Raises :class:`~collectives.sim.deadlock.Deadlock` if the ranks wait
@@ -292,7 +297,7 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
     red = reduce_ops.reduction(op, dtype, f"collectives.sim {collective}") if collective in REDUCING else None
     refuse_beyond_memory(collective, n, size, device, memory)
     check = device != "meta" if check is None else check
-    world = World(fabric, real_data=device != "meta")
+    world = World(fabric, real_data=device != "meta", schedule=schedule)
     outputs = [None] * n
 
     def body(r):
@@ -321,7 +326,8 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
             observers.report_call(CallRecord(collective, name, 0, tuple(range(n)), x.id, size, 0.0, x.end_time))
     result = Result(collective, name, n, size, time, spec.get("name", spec["kind"]), ranks,
                     outputs if device != "meta" else [],
-                    link_bytes={cls: b // calls for cls, b in world.link_bytes.items()})
+                    link_bytes={cls: b // calls for cls, b in world.link_bytes.items()},
+                    schedule=world.schedule)
     if check and device != "meta":
         result.wrong = first_wrong(collective, outputs, n, e, root, dtype, red)
     return result

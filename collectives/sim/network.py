@@ -1,22 +1,33 @@
-"""The wires: messages as fluid flows over directed links that share their bandwidth.
+"""The wires: messages as fluid flows over directed links, shared max-min fairly.
 
-A message, once its two ends have met (``world``) and its latency alpha has
-passed, becomes a *flow* of ``nbytes`` over the links of its route (each link
-one direction of a cable or a NIC: full duplex means two independent links).
-A flow moves at the rate its most crowded link allows::
+A message, once its two ends have met (``world``) and its latency L (``alpha``) has
+passed, becomes a *flow* of ``nbytes`` over the links of its route (each link one
+direction of a cable or a NIC: full duplex means two independent links). The flows on
+the links share them *max-min fairly*, as SimGrid's CM02 model does (without its
+cross-traffic), by progressive filling:
 
-    rate(flow) = min over its links l of  capacity(l) / flows on l
+1. every flow not yet fixed grows at the same pace;
+2. the link whose capacity left, divided by its flows not yet fixed, is smallest is the
+   bottleneck: its flows are fixed at that share, and their rate is taken off every other
+   link they cross;
+3. repeat until every flow is fixed.
 
-so two messages leaving one NIC at once each get half of it, and a message
-through an oversubscribed uplink gets its share of the uplink. (That is the
-"bottleneck fair share" approximation of max-min fairness: a flow held back
-elsewhere leaves its share unused. It needs, when a flow starts or ends, to
-revisit only the flows that share a link with it, which keeps a 1,024-rank
-ring at one flow per link cheap.)
+So two flows on one link get half of it each, and a flow held back elsewhere (a slow link,
+a crowded NIC) leaves what it cannot use to the others on its links. The rates are
+recomputed when flows start or end (once for all that do at one instant), for the flows that
+share a link with them, with the flows that share a link with those, and so on (the
+*component*): a flow's rate can change through a chain of links it does not cross. A flow alone on its links (a ring on a switch:
+one flow per link) is the common case and costs no sharing at all.
 
-Each flow's finish time is recomputed whenever its rate changes; older
-finish events in the queue carry a stale version number and are ignored.
+Each flow's finish time is recomputed whenever its rate changes; older finish events in the
+queue carry a stale version number and are ignored.
+
+Worked case (``tests/test_sim_model.py``): flows a and b share link X (capacity 2); b also
+crosses link Y (capacity 0.5), which it shares with c. Y's share is 0.25 (two flows), X's
+1: Y is the bottleneck, so b and c get 0.25; a gets X's 2 - 0.25 = 1.75. Sharing each link
+equally among its flows (b: min(2/2, 0.5/2) = 0.25, a: 2/2 = 1) would leave 0.75 of X idle.
 """
+import heapq
 import math
 
 
@@ -38,6 +49,9 @@ class Network:
         # are rescheduled in the same order in every run (a set's order follows memory
         # addresses, and equal finish times then break ties differently from run to run)
         self.active = {}
+        # links whose flows changed since the last sharing: flows that start or end at one
+        # instant (a linear root's N-1 messages) are shared once, not once each
+        self.dirty = {}
 
     def start(self, links, nbytes, done, *args):
         """Begin moving ``nbytes`` over ``links`` now; call ``done(*args)`` when the last byte lands."""
@@ -60,31 +74,80 @@ class Network:
             flow.version = 1
             self.world.at(now + nbytes / rate, self._finish, flow, 1)
             return
-        touched = self._settle(links, now)
         for link in links:
             active.setdefault(link, {})[flow] = None
-        touched[flow] = None
-        self._reschedule(touched, now)
+        self._mark(links)
 
-    def _settle(self, links, now):
-        """Bring the flows on ``links`` up to ``now`` at their old rates."""
-        touched = {}
+    def _mark(self, links):
+        """Share ``links`` again once every event of this instant has run."""
+        if not self.dirty:
+            self.world.at(self.world.now, self._reshare)
         for link in links:
-            for f in self.active.get(link, ()):
-                if f not in touched:
-                    f.remaining -= f.rate * (now - f.last)
-                    f.last = now
-                    touched[f] = None
-        return touched
+            self.dirty[link] = None
 
-    def _reschedule(self, flows, now):
-        cap, active = self.capacity, self.active
+    def _reshare(self):
+        links = [link for link in self.dirty if link in self.active]
+        self.dirty = {}
+        if links:
+            self._share(links, self.world.now)
+
+    def _component(self, links):
+        """The flows whose rates depend on ``links``' flows, and the links they cross."""
+        active = self.active
+        flows, seen, todo = {}, set(links), list(links)
+        while todo:
+            for f in active.get(todo.pop(), ()):
+                if f not in flows:
+                    flows[f] = None
+                    for link in f.links:
+                        if link not in seen:
+                            seen.add(link)
+                            todo.append(link)
+        return flows, seen
+
+    def _share(self, links, now):
+        """Settle the component of ``links`` at its old rates, share its links max-min (the
+        progressive filling above), and move the finish of every flow whose rate changed."""
+        active, cap = self.active, self.capacity
+        flows, seen = self._component(links)
         for f in flows:
-            f.rate = min(cap[link] / len(active[link]) for link in f.links)
+            f.remaining -= f.rate * (now - f.last)
+            f.last = now
+        left, count, share, heap = {}, {}, {}, []
+        for link in seen:
+            on = active.get(link)
+            if on:
+                left[link], count[link] = cap[link], len(on)
+                share[link] = cap[link] / len(on)
+                heap.append((share[link], link))
+        heapq.heapify(heap)
+        rates = {}
+        while heap:
+            s, link = heapq.heappop(heap)
+            if not count[link] or s != share[link]:
+                continue                  # fixed already, or a later entry holds its share
+            for f in active[link]:
+                if f in rates:
+                    continue
+                rates[f] = s
+                for other in f.links:
+                    count[other] -= 1
+                    left[other] -= s
+                    if other != link and count[other]:
+                        # never below s, as in exact arithmetic (a share only grows as flows
+                        # are fixed): rounding must not leave a flow a rate of 0
+                        share[other] = max(left[other] / count[other], s)
+                        heapq.heappush(heap, (share[other], other))
+            count[link] = 0
+        at = self.world.at
+        for f in flows:
+            rate = rates[f]
+            if rate == f.rate and f.version:
+                continue                  # its finish event still stands
+            f.rate = rate
             f.version += 1
-            left = f.remaining if f.remaining > 0 else 0.0
-            finish = now + (left / f.rate if f.rate < math.inf else 0.0)
-            self.world.at(finish, self._finish, f, f.version)
+            left_bytes = f.remaining if f.remaining > 0 else 0.0
+            at(now + (left_bytes / rate if rate < math.inf else 0.0), self._finish, f, f.version)
 
     def _finish(self, flow, version):
         if version != flow.version:
@@ -100,6 +163,6 @@ class Network:
         flow.version += 1
         shared = [link for link in links if link in self.active]
         if shared:
-            self._reschedule(self._settle(shared, now), now)
+            self._mark(shared)
         done, args = flow.done
         done(*args)

@@ -66,6 +66,26 @@ its loopback, as ``local`` does, move every byte with that machine's CPUs and me
 all messages in flight share that capacity (bytes/s, one direction) besides their own
 ends' bandwidth. Every message then crosses one more link, the host.
 
+The network model is LogGP (Alexandrov et al., 'LogGP: Incorporating Long Messages into the
+LogP Model', SPAA'95), with its four figures named as follows:
+
+* L, the latency, is ``alpha`` (``intra_alpha`` inside a node; on a torus plus ``hop`` per
+  link): the time from a message's start to its first byte's arrival. Messages in flight
+  overlap their latencies;
+* o, the overhead, is ``overhead``: CPU a rank spends on each message it posts (send or
+  receive), one after another: the i-th message of a post starts no earlier than i x o after
+  the post (the rank itself is busy until all are posted);
+* g, the gap, is ``gap`` (``intra_gap`` inside a node): the least time between the starts of
+  two messages out of one rank, or into one rank (its NIC sets one up at a time). Absent, it
+  is L: a rank starts one message per alpha, as this simulator always did;
+* G, the time per byte, is 1 / ``bandwidth`` (of each link of the route, shared max-min among
+  the flows on it: :mod:`.network`).
+
+A message of k bytes on an idle route takes o + L + k G; a train of m such messages from one
+rank to another, posted at once, takes o + L + max(m k G, (m - 1) max(o, g) + k G).
+``"model": "alpha-beta"`` (``--model alpha-beta``) sets g = o = 0: every message alpha +
+k / bandwidth, however many a rank has in flight (Hockney's model, and SimGrid's).
+
 Figures are per direction, in bytes/s and seconds. ``source`` says where they come from.
 """
 import bisect
@@ -151,7 +171,9 @@ POSITIVE = ("bandwidth", "intra_bandwidth", "oversubscription", "local_bandwidth
             "spine_oversubscription")
 CPU = ("wake", "switch", "call", "python", "overhead")      # a rank's CPU time (Fabric's fields)
 MACHINE = CPU + ("copy", "alloc", "host_bandwidth")
-OPTIONAL = ("cores", "by_size", "source", "name", "calibrated") + MACHINE
+GAPS = ("gap", "intra_gap")                                  # LogGP's g (absent: alpha)
+MODELS = ("loggp", "alpha-beta")
+OPTIONAL = ("cores", "by_size", "source", "name", "calibrated", "model") + MACHINE + GAPS
 
 
 def calibration_path():
@@ -273,6 +295,15 @@ def validate(spec):
         if not ok or [row[0] for row in table] != sorted({row[0] for row in table}):
             raise ValueError(f"{where}: by_size[{field!r}] must be [[bytes, seconds per byte], ...] with "
                              f"bytes > 0 rising and seconds >= 0, got {table!r}")
+    for field in GAPS:
+        value = spec.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
+                                  or value == math.inf):
+            raise ValueError(f"{where}: {field} must be a non-negative number or null, got {value!r}")
+    if spec.get("intra_gap") is not None and kind not in ("nodes", "rail"):
+        raise ValueError(f"{where}: intra_gap is for a topology with nodes (nodes, rail); give gap")
+    if spec.get("model", "loggp") not in MODELS:
+        raise ValueError(f"{where}: model must be one of {', '.join(MODELS)}, got {spec.get('model')!r}")
     if spec.get("host_bandwidth") is not None and kind != "flat":
         raise ValueError(f"{where}: host_bandwidth is for a flat topology (ranks on one machine)")
     cores = spec.get("cores")
@@ -328,6 +359,18 @@ class Fabric:
         return any(self.spec.get(field) or tables.get(field) for field in ("copy", "alloc"))
 
     classes: list = None          # per link id: the name of its class (``link_classes``)
+    gap: float = None             # LogGP's g between nodes (None: a message's alpha)
+    intra_gap: float = None       # and inside a node
+
+    def gap_of(self, src, dst, alpha):
+        """g of a message from ``src`` to ``dst`` whose latency is ``alpha``: the least time
+        from its start to the next message's start out of ``src`` or into ``dst``."""
+        g = self.gap
+        if self.intra_gap is not None or g is not None:
+            s = self.spec
+            if s["kind"] in ("nodes", "rail") and src // s["ranks_per_node"] == dst // s["ranks_per_node"]:
+                g = self.intra_gap
+        return alpha if g is None else g
 
     def route(self, src, dst):
         """(link ids, alpha) of a message from ``src`` to ``dst``."""
@@ -482,9 +525,12 @@ def build(spec, n):
         capacity = [float(spec["intra_bandwidth"])] * (2 * n) + [bw] * (2 * n) + [spine] * (2 * per * units)
         classes = ["intra_node"] * (2 * n) + ["rail"] * (2 * n) + ["spine"] * (2 * per * units)
     cpu = {field: float(spec.get(field) or 0.0) for field in CPU}
+    gaps = {field: (None if spec.get(field) is None else float(spec[field])) for field in GAPS}
+    if spec.get("model") == "alpha-beta":
+        cpu["overhead"], gaps = 0.0, dict.fromkeys(GAPS, 0.0)
     tables = spec.get("by_size") or {}
     rates = {f"{field}_at": rate_at(tables.get(field), float(spec.get(field) or 0.0)) for field in BY_SIZE}
-    return Fabric(spec, n, capacity, spec.get("cores"), **cpu, **rates, classes=classes)
+    return Fabric(spec, n, capacity, spec.get("cores"), **cpu, **rates, classes=classes, **gaps)
 
 
 def describe(spec):
@@ -517,7 +563,13 @@ def describe(spec):
                  f"switch {(spec.get('switch') or 0) * 1e6:.3g} us)")
     if spec.get("python"):
         text += f", the algorithms' own code at {spec['python']:g}x its host time"
-    if spec.get("overhead"):
+    if spec.get("model") == "alpha-beta":
+        text += ", alpha-beta (no gap, no overhead: concurrent messages overlap their alphas)"
+    else:
+        for field in GAPS:
+            if spec.get(field) is not None:
+                text += f", {field} {spec[field] * 1e6:.3g} us"
+    if spec.get("overhead") and spec.get("model") != "alpha-beta":
         text += f", {spec['overhead'] * 1e6:.3g} us of CPU per message"
     if spec.get("call"):
         text += f", {spec['call'] * 1e6:.3g} us of CPU per call"

@@ -8,12 +8,15 @@ until it waits for something that has not happened yet; then the loop goes on.
 
 Messages meet as in NCCL (rendezvous): a posted send and a posted receive match when
 source, destination, step and size agree (the real door puts the same four in its
-tag). Only then does the message start: after the latency alpha, which each rank
-pays for its messages one after another (a NIC or a CPU thread handles one message's
-set-up at a time), its bytes flow over the route's links (:mod:`.network`). Both
-ends complete when the last byte lands, and the receiver's tensor gets the sender's
-bytes then. A send whose receive is never posted never completes: if every rank
-ends up waiting, the schedule deadlocks, and :mod:`.deadlock` names the cycle.
+tag). Then the message starts (LogGP, :mod:`.topology`): no sooner than ``gap`` (g) after
+the previous start out of its sender and into its receiver (a NIC sets up one message at a
+time; g is alpha unless the topology says otherwise), and no sooner than its ends were
+posted (the i-th message of a post i x ``overhead`` after the post). After the latency
+alpha (L), which messages in flight overlap, its bytes flow over the route's links,
+shared max-min fairly (:mod:`.network`). Both ends complete when the last byte lands, and
+the receiver's tensor gets the sender's bytes then. A send whose receive is never posted
+never completes: if every rank ends up waiting, the schedule deadlocks, and
+:mod:`.deadlock` names the cycle.
 
 Compute (``op.combine``, ``gamma`` per reduced byte) takes the rank's time but not
 the network's: messages already posted keep moving. So does the CPU a rank spends
@@ -45,7 +48,7 @@ class SimulationError(RuntimeError):
 class End:
     """One end of a message: a posted send or receive."""
     __slots__ = ("kind", "rank", "peer", "step", "nbytes", "tensor", "posted", "done", "watched",
-                 "collective", "algorithm", "links")
+                 "collective", "algorithm", "links", "seq")
 
     def __init__(self, kind, rank, peer, step, nbytes, tensor, posted, collective, algorithm):
         self.kind, self.rank, self.peer, self.step = kind, rank, peer, step
@@ -53,6 +56,7 @@ class End:
         self.collective, self.algorithm = collective, algorithm
         self.done = self.watched = False
         self.links = ()
+        self.seq = None
 
     def key(self):
         src, dst = (self.rank, self.peer) if self.kind == "send" else (self.peer, self.rank)
@@ -84,8 +88,13 @@ class Rank:
 class World:
     """The clock, the event queue, the ranks and the network of one simulation."""
 
-    def __init__(self, fabric, real_data=True):
+    def __init__(self, fabric, real_data=True, schedule=False):
         self.fabric = fabric
+        # schedule: each rank's posts, waits and CPU time, in order, for another simulator to
+        # play (``benchmarks.sim_vs_simgrid``): ("post", [(kind, peer, tag, nbytes), ...]),
+        # ("wait", [indices of the rank's posted ends]), ("busy", seconds)
+        self.schedule = [[] for _ in range(fabric.n)] if schedule else None
+        self.posted_ends = [0] * fabric.n
         self.n = fabric.n
         self.now = 0.0
         self.queue = []
@@ -240,6 +249,8 @@ class World:
         flight keep moving."""
         if seconds > 0 or self.core_free is not None:
             r = self.ranks[rank]
+            if self.schedule is not None and seconds > 0:
+                self.schedule[rank].append(("busy", seconds))
             self.at(self._cpu(self.now, seconds, rank), r.let.switch)
             self._block(r)
 
@@ -250,17 +261,23 @@ class World:
             raise ValueError(f"{collective}/{algorithm}: step {step} does not fit in a tag (0..{MAX_STEP})")
         n = self.n
         messages = each_message(collective, algorithm, step, sends, recvs)
-        if self.fabric.overhead or self.ranks[rank].debt:
-            # posting costs the rank CPU (the door's checks, the transport's set-up), per
-            # message, after the local work it did since its last message
-            messages = list(messages)
-            self.settle(rank, self.fabric.overhead * len(messages))
         now, unmatched = self.now, self.unmatched
+        o, r = self.fabric.overhead, self.ranks[rank]
+        done = None
+        if o or r.debt:
+            # posting costs the rank CPU (the door's checks, the transport's set-up), per
+            # message, one after another, after the local work it did since its last message:
+            # the i-th message is out at ``done - (m - i) o``, and the rank is busy until ``done``
+            messages = list(messages)
+            seconds, r.debt = r.debt + o * len(messages), 0.0
+            done = self._cpu(now, seconds, rank) if seconds > 0 or self.core_free is not None else now
+            now = done - o * len(messages)
         ends = []
         for kind, tensor, peer, nbytes in messages:
             if peer.__class__ is not int or not 0 <= peer < n or peer == rank:
                 raise ValueError(f"collectives.{collective}/{algorithm}: rank {rank} step {step}: "
                                  f"{kind} peer {peer!r} is not another rank of 0..{n - 1}")
+            now += o
             end = End(kind, rank, peer, step, nbytes, tensor, now, collective, algorithm)
             ends.append(end)
             key = (rank, peer, step, nbytes) if kind == "send" else (peer, rank, step, nbytes)
@@ -274,6 +291,16 @@ class World:
                 waiting.append(end)
             else:
                 unmatched[key] = [end]
+        if self.schedule is not None:
+            first = self.posted_ends[rank]
+            for i, end in enumerate(ends):
+                end.seq = first + i
+            self.posted_ends[rank] = first + len(ends)
+            self.schedule[rank].append(("post", [(e.kind, e.peer, e.step, e.nbytes) for e in ends]))
+        if done is not None:
+            # the rank is busy posting until ``done``; its first messages may start before
+            self.at(done, r.let.switch)
+            self._block(r)
         return ends
 
     def _match(self, a, b):
@@ -284,8 +311,8 @@ class World:
         for link in links:
             counts[classes[link]] += nbytes
         send.links = links
-        start = max(self.now, self.send_free[src], self.recv_free[dst])
-        self.send_free[src] = self.recv_free[dst] = start + alpha
+        start = max(self.now, send.posted, recv.posted, self.send_free[src], self.recv_free[dst])
+        self.send_free[src] = self.recv_free[dst] = start + self.fabric.gap_of(src, dst, alpha)
         heapq.heappush(self.queue, (start + alpha, next(self._seq), self.network.start,
                                     (links, send.nbytes, self._complete, send, recv)))
 
@@ -341,6 +368,8 @@ class World:
             rank.let.switch()   # on at once: it runs until it waits again, then we are back here
 
     def wait(self, rank, ends):
+        if self.schedule is not None and ends:
+            self.schedule[rank].append(("wait", [e.seq for e in ends]))
         left = [e for e in ends if not e.done]
         if not left:
             return
