@@ -342,6 +342,14 @@ def test_numeric_answers_are_the_library_s_own_figures():
     assert NUMERIC["alpha_beta_ring"].solve()[0] == cost_model.predict("all_reduce", "ring", 64, 4 << 20, PARAMS) * 1e3
     assert NUMERIC["adam_memory"].solve()[0] == 120.0             # 16 bytes x 7.5e9 (the ZeRO paper's example)
     assert round(NUMERIC["zero2_memory"].solve()[0], 2) == 16.64   # 2 Psi + 14 Psi / 64
+    from collectives import plan
+    from collectives.parallel.recompute import block_activation_elements
+    from tutorials.exercises._numeric import BLOCK, PLANNED
+    for name, sp in (("activation_memory", False), ("activation_memory_sp", True)):
+        assert NUMERIC[name].solve()[0] == 2 * block_activation_elements(*BLOCK.values(), sequence_parallel=sp) / 2**20
+    kept = plan.memory(*PLANNED)
+    assert NUMERIC["plan_state_memory"].solve()[0] == (kept["parameters"] + kept["gradients"] + kept["optimizer"]) / 1e9
+    assert round(NUMERIC["plan_state_memory"].solve()[0], 3) == 2.925   # 16 bytes x 1.3e9 / 4, ZeRO-2 over 2
 
 
 def test_chapter_13_shows_what_the_grader_prints():

@@ -16,7 +16,9 @@ An exercise has ``question`` (text), ``unit``, ``tolerance``, ``chapter``, and
 import math
 
 from benchmarks.sweep import busbw_factor
+from collectives import plan
 from collectives.algorithms import cost
+from collectives.parallel.recompute import block_activation_elements
 from collectives.tuning import cost_model
 
 MiB, GB = 1 << 20, 1e9
@@ -121,6 +123,49 @@ def _tensor_parallel():
     ]
 
 
+# one block of a 7B-class model: sequence, batch, hidden, heads, MLP width; tensor-parallel ranks
+BLOCK = dict(s=2048, b=1, h=4096, a=32, f=4 * 4096, t=8)
+
+
+def _activations(sequence_parallel):
+    s, b, h, a, f, t = BLOCK.values()
+    elements = block_activation_elements(s, b, h, a, f, t, sequence_parallel=sequence_parallel)
+    mib = 2 * elements / MiB
+    if sequence_parallel:
+        return mib, [
+            f"with sequence parallelism every activation is split over the t ranks, the LayerNorms' "
+            f"inputs and outputs too: (8SBH + 2SBF + SBA + 4SB) / t elements",
+            f"(8 x {s} x {b} x {h} + 2 x {s} x {b} x {f} + {s} x {b} x {a} + 4 x {s} x {b}) / {t} = "
+            f"{elements} elements x 2 bytes = {mib:.2f} MiB",
+        ]
+    return mib, [
+        f"without sequence parallelism the two LayerNorms' inputs and outputs are whole on every rank "
+        f"(4SBH); Q, K, V and attention's output (4SBH/t), the MLP's two hidden activations (2SBF/t) and "
+        f"attention's log-sum-exp (SBA/t) are this rank's share; the LayerNorms' mean and 1/std 4SB",
+        f"4 x {s} x {b} x {h} + (4 x {s} x {b} x {h} + 2 x {s} x {b} x {f} + {s} x {b} x {a}) / {t} + "
+        f"4 x {s} x {b} = {elements} elements x 2 bytes = {mib:.2f} MiB",
+    ]
+
+
+# the planner's arithmetic: 1.3e9 parameters, 24 layers, hidden 2048, 2048 tokens, 8 sequences
+PLANNED = plan.Model(1.3e9, 24, 2048, 2048, 8), plan.Config(dp=2, tp=2, pp=2, cp=1, zero=2)
+
+
+def _planned_state():
+    model, config = PLANNED
+    m = plan.memory(model, config)
+    local = model.params / (config.tp * config.pp)
+    total = (m["parameters"] + m["gradients"] + m["optimizer"]) / GB
+    return total, [
+        f"tensor and pipeline parallelism split the parameters: Psi / (TP x PP) = 1.3e9 / 4 = {local:.4g} "
+        f"per rank; ZeRO-2 then shards gradients and optimizer state over the DP = 2 copies",
+        f"weights 2 x {local:.4g} = {m['parameters'] / GB:.3f} GB, gradients 2 x {local:.4g} / 2 = "
+        f"{m['gradients'] / GB:.3f} GB, optimizer 12 x {local:.4g} / 2 = {m['optimizer'] / GB:.3f} GB: "
+        f"{total:.3f} GB per rank (python -m collectives.plan --model 1.3e9,24,2048,2048,8 --ranks 8 "
+        f"--config 2,2,2,1 --zero 2 prints the same three columns)",
+    ]
+
+
 NUMERIC = {
     "busbw": Numeric(
         "nccl-tests times an all_reduce of 256 MiB on 8 GPUs at 3.2 ms. What busbw (GB/s, 1 GB = 1e9 B) "
@@ -150,6 +195,18 @@ NUMERIC = {
         "Tensor parallelism over 8 GPUs, batch 8, sequence 2048, hidden 8192, fp16: the time (ms) per layer "
         "of its all-reduces (forward and backward) if the 8 GPUs were in different nodes, linked by "
         "InfiniBand at 50 GB/s per GPU (bandwidth term only)?", "ms", 0.03, _tensor_parallel),
+    "activation_memory": Numeric(
+        "One transformer block of chapter 17's kind, S = 2048 tokens, B = 1, H = 4096, 32 heads, MLP width "
+        "4H, bf16 (2 bytes), tensor parallel over t = 8 ranks without sequence parallelism: the activations "
+        "one rank keeps for backward (MiB, 1 MiB = 2**20 B)?", "MiB", 0.02, lambda: _activations(False),
+        chapter="chapter 17 (tutorials/17_tensor_and_sequence_parallelism.md)"),
+    "activation_memory_sp": Numeric(
+        "The same block with sequence parallelism: the activations one rank keeps (MiB)?", "MiB", 0.02,
+        lambda: _activations(True), chapter="chapter 17 (tutorials/17_tensor_and_sequence_parallelism.md)"),
+    "plan_state_memory": Numeric(
+        "The planner's arithmetic: 1.3e9 parameters, mixed-precision Adam (2 + 2 + 12 bytes per parameter), "
+        "DP 2 x TP 2 x PP 2 with ZeRO-2: weights, gradients and optimizer state per rank (GB, 1 GB = 1e9 B)?",
+        "GB", 0.02, _planned_state, chapter="chapter 23 (tutorials/23_choosing_a_configuration.md)"),
 }
 
 
