@@ -201,6 +201,17 @@ class VizWorld(World):
         super()._complete(send, recv)
 
 
+def _checked_world(n, collective, root, most, why):
+    """``n`` if it is a world this page can draw (else the error that says why not)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, got {n!r}")
+    if n > most:
+        raise TooLarge(f"world_size {n} is more than {most} ranks: {why}")
+    if collective in ROOTED and not 0 <= root < n:
+        raise ValueError(f"root={root} is out of range for {n} ranks")
+    return n
+
+
 def record(collective, algorithm, world_size, topology="ethernet-100g", root=0):
     """Run ``algorithm`` (a registered name or a function with the algorithm modules'
     signature) of ``collective`` on ``world_size`` simulated ranks and return the run as a
@@ -211,14 +222,8 @@ def record(collective, algorithm, world_size, topology="ethernet-100g", root=0):
         TooLarge: more than ``MAX_RANKS`` ranks or ``MAX_MESSAGES`` messages.
     """
     name, fn = resolve_algorithm(collective, algorithm)
-    n = world_size
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"world_size must be a whole number >= 1, got {n!r}")
-    if n > MAX_RANKS:
-        raise TooLarge(f"world_size {n} is more than {MAX_RANKS} ranks: too many boxes to draw; "
-                       f"python -m collectives.sim gives the figures at any size")
-    if collective in ROOTED and not 0 <= root < n:
-        raise ValueError(f"root={root} is out of range for {n} ranks")
+    n = _checked_world(world_size, collective, root, MAX_RANKS,
+                       "too many boxes to draw; python -m collectives.sim gives the figures at any size")
     spec = topologies.load(topology)
     fabric = topologies.build(spec, n)
     mode = mode_for(n)
@@ -413,14 +418,9 @@ def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT)
     if callable(algorithm):
         raise ValueError("record_real runs registered algorithms only (a function is sent to the "
                          "processes by name); record() draws your own function on the simulator")
-    n = world_size
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"world_size must be a whole number >= 1, got {n!r}")
-    if n > REAL_RANKS:
-        raise TooLarge(f"world_size {n}: a real run is drawn with its chunks, so at most {REAL_RANKS} "
-                       f"processes; record() draws larger worlds on the simulator")
-    if collective in ROOTED and not 0 <= root < n:
-        raise ValueError(f"root={root} is out of range for {n} ranks")
+    n = _checked_world(world_size, collective, root, REAL_RANKS,
+                       f"a real run is drawn with its chunks, so at most {REAL_RANKS} processes; record() "
+                       f"draws larger worlds on the simulator")
     from ..tools.launch import run_in_group
     spec = topologies.load("ethernet-100g")     # flat: each rank's port in and out, as on one host
     fabric = topologies.build(spec, n)
