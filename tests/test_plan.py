@@ -38,8 +38,9 @@ def test_communication_by_kind():
     assert communication(MODEL, Config(8, 1, 1, 1))["dp"] == 2 * 7 / 8 * 2 * MODEL.params
     assert communication(MODEL, Config(8, 1, 1, 1, zero=3))["dp"] == 3 * 7 / 8 * 2 * MODEL.params
     tp = Config(4, 2, 1, 1)
-    assert communication(MODEL, tp)["tp"] == 10 * (1 / 2) * a * 24 * 16
-    assert communication(MODEL, Config(4, 2, 1, 1, recompute=True))["tp"] == 14 * (1 / 2) * a * 24 * 16
+    line = 256      # each block forward's shape check: one all_gather of a 256-byte line per rank
+    assert communication(MODEL, tp)["tp"] == 10 * (1 / 2) * a * 24 * 16 + line * 24 * 16
+    assert communication(MODEL, Config(4, 2, 1, 1, recompute=True))["tp"] == 14 * (1 / 2) * a * 24 * 16 + 2 * line * 24 * 16
     assert communication(MODEL, Config(4, 1, 2, 1))["pp"] == 2 * a * 16
 
 

@@ -79,6 +79,7 @@ import math
 from dataclasses import dataclass
 
 from ..parallel.recompute import block_activation_elements
+from ..parallel.shapes import LINE_BYTES
 
 BYTES = 2                                   # bf16 activations, parameters, gradients
 OPTIMIZER_BYTES = 12                        # fp32 master weights and Adam's two moments
@@ -248,8 +249,11 @@ def calls(model, config):
         # collective's gradient is the other: 6 all-gathers, 4 reduce-scatters; recomputation
         # runs the forward's 2 + 2 once more
         per = layers * m
+        # and every block's forward first compares the ranks' shapes: one all_gather of a
+        # LINE_BYTES line per rank (collectives.parallel.shapes)
         out["tp"] = [("all_gather", c.tp, a, (8 if c.recompute else 6) * per),
-                     ("reduce_scatter", c.tp, a, (6 if c.recompute else 4) * per)]
+                     ("reduce_scatter", c.tp, a, (6 if c.recompute else 4) * per),
+                     ("all_gather", c.tp, c.tp * LINE_BYTES, (2 if c.recompute else 1) * per)]
     if c.pp > 1:
         out["pp"] = [("send", 2, a, 2 * m)]
     if c.cp > 1:
