@@ -78,7 +78,12 @@ def allowed(collective, nbytes, group_size):
         return names
     need = {a: cost(collective, a, group_size, nbytes).extra_memory for a in names}
     fits = tuple(a for a in names if need[a] <= nbytes // group_size + MEMORY_SLACK)
-    return fits or tuple(a for a in names if need[a] == min(need.values()))
+    if fits:
+        return fits
+    # none is that frugal: those needing no more than the least a model-chosen one needs (a
+    # measured-only algorithm may join them, but never be all there is to pick from)
+    least = min([need[a] for a in names if auto(collective, a) == "model"] or need.values())
+    return tuple(a for a in names if need[a] <= least)
 
 
 def auto(collective, algorithm):
@@ -144,7 +149,8 @@ def explain(collective, nbytes, group_size, agreed=None):
             if pick:
                 return pick, source
     pick = rule_of_thumb(collective, nbytes, group_size)
-    return (pick if pick in names else names[0]), "rules of thumb"
+    modelled = [a for a in names if auto(collective, a) == "model"]
+    return (pick if pick in modelled else (modelled or names)[0]), "rules of thumb"
 
 
 def _nearest(points, nbytes):
