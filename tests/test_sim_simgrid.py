@@ -18,9 +18,9 @@ OK, WHY = peer.available()
 if not OK:
     pytest.skip(f"SimGrid: {WHY}", allow_module_level=True)
 
-import torch  # noqa: E402
-
 from collectives.sim import simulate  # noqa: E402
+
+from .test_sim_model import flows  # noqa: E402  (every rank posts the listed messages at once)
 
 EXACT = 1e-9
 
@@ -56,19 +56,6 @@ def test_torus_shares_differ_by_latency_weighting():
     share = (1 / 1.1) / (1 / 1.1 + 1 / 1.2)             # CM02's share for the 1.1 us flow
     assert theirs[1] == pytest.approx(1.2e-6 + (size - moved) / (share * b), rel=EXACT)
     assert ours[1] == pytest.approx(1.2e-6 + (size - moved) / (b / 2), rel=EXACT)
-
-
-def flows(pairs, sizes=None):
-    def fn(comm, tensor, op):
-        sends, recvs = [], []
-        for i, (src, dst) in enumerate(pairs):
-            piece = tensor[:sizes[i]] if sizes else tensor
-            if comm.rank == src:
-                sends.append((piece, dst))
-            if comm.rank == dst:
-                recvs.append((torch.empty_like(piece), src))
-        comm.post(0, sends=sends, recvs=recvs).wait()
-    return fn
 
 
 @pytest.mark.parametrize("name, n, pairs, sizes", [
