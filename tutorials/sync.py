@@ -19,8 +19,10 @@ import argparse
 import importlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +64,8 @@ def start_shell(command):
     # run as .venv/bin/python -m pytest, without activating, runs them in the same environment.
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     return subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)   # its own process group: a kill reaches every rank
 
 
 def run_commands(commands, timeout=300, runner=None):
@@ -72,10 +75,13 @@ def run_commands(commands, timeout=300, runner=None):
     worlds run here; several of them spend their time sleeping or waiting.
     ``runner(fn, world_size, *args, timeout=...)`` starts the shared worlds
     (default: the demos' own launcher; the tests pass their faster one).
+    All of them share ``timeout`` seconds from the start; a command that runs past
+    it is killed and named, with the end of what it printed, so a hang says where.
     """
     from tutorials.demos.common import capture, run
     runner = runner or run
     results, shell, worlds = {}, {}, {}
+    started = time.monotonic()
     for command in dict.fromkeys(commands):
         module = shared_world_demo(command)
         if module is None:
@@ -84,19 +90,37 @@ def run_commands(commands, timeout=300, runner=None):
             worlds.setdefault(module.WORLD_SIZE, []).append((command, module.demo))
     try:
         for world_size, demos in sorted(worlds.items()):
-            per_rank = runner(capture, world_size, [fn for _, fn in demos], timeout=timeout)
+            began = time.monotonic()
+            left = max(30.0, started + timeout - began)
+            per_rank = runner(capture, world_size, [fn for _, fn in demos], timeout=left)
             for i, (command, _) in enumerate(demos):
                 results[command] = (per_rank[0][i], "".join(texts[i] for texts in per_rank[1:]))
+            print(f"sync: {len(demos)} demos on {world_size} ranks: {time.monotonic() - began:.0f} s",
+                  file=sys.stderr)
         for command, proc in shell.items():
-            out, err = proc.communicate(timeout=timeout)
+            try:
+                out, err = proc.communicate(timeout=max(1.0, started + timeout - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                kill(proc)
+                out, err = proc.communicate()
+                raise RuntimeError(f"{command!r} still ran after {timeout} s (killed); it printed:\n"
+                                   f"{out[-2000:]}\n--- stderr:\n{err[-3000:]}") from None
             if proc.returncode != 0:
                 raise RuntimeError(f"{command!r} exited with {proc.returncode}:\n{err[-3000:]}")
             results[command] = (out, "")
+        print(f"sync: {len(shell)} shell commands done at {time.monotonic() - started:.0f} s", file=sys.stderr)
     finally:
         for proc in shell.values():
-            if proc.poll() is None:
-                proc.kill()
+            kill(proc)
     return results
+
+
+def kill(proc):
+    """Kill a shell command and whatever it started (its ranks run in the background)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def rewrite(path, with_outputs):
