@@ -89,8 +89,8 @@ def expected_traffic(n, sequence_parallel):
     """Chapter 17: four collectives of the activation A = S x B x H x e per block and step, each
     sending 2(N-1)/N x A per rank (all_reduce, ring) or (N-1)/N x A (all_gather, reduce_scatter:
     eight of them, ten when the column-parallel inputs are gathered again in backward); sequence
-    parallel adds one all_reduce of the LayerNorm and bias gradients, and the check that every
-    rank holds a shard of one shape (N-1 messages of 256 bytes)."""
+    parallel adds one all_reduce of the LayerNorm and bias gradients; both first check that every
+    rank holds an input of one shape (N-1 messages of 256 bytes)."""
     if n == 1:
         return 0, 0
     a = S * B * H * E
@@ -100,9 +100,9 @@ def expected_traffic(n, sequence_parallel):
         replicated = (2 * H + 2 * H + 2 * H) * E    # ln1, ln2 (weight, bias), attn.out.bias, mlp.fc2.bias
         sent += 2 * (n - 1) * replicated // n
         messages += 2 * (n - 1)
-        # and first, every rank's shard compared: one ring all_gather of 256-byte lines per block forward
-        sent += (n - 1) * 256
-        messages += n - 1
+    # and first, every rank's input compared: one ring all_gather of 256-byte lines per block forward
+    sent += (n - 1) * 256
+    messages += n - 1
     return sent, messages
 
 
@@ -242,3 +242,35 @@ def test_sequence_parallel_shards_that_differ_are_refused_on_every_rank_at_once(
              "row own": "RowParallelLinear: rank 1: the sequence length 10 is not divisible by the group size 3"}
     assert_refused_alike(results, words)
     assert all(r["after"] == (S // 3, B, H) for r in results)
+
+
+def different_inputs(rank, world_size):
+    """Plain tensor parallelism: rank 1's input differs (a longer sequence, another batch, another
+    dtype, a row-parallel slice of another width); every rank catches what it gets."""
+    x = torch.zeros(S, B, H, dtype=torch.float64)
+    block = ParallelBlock(reference_block(), None)
+    column = ColumnParallelLinear(H, FFN, True, None, False, torch.float64)
+    row = RowParallelLinear(FFN, H, True, None, False, torch.float64)
+    cases = {"block": (block, x, torch.zeros(S + 1, B, H, dtype=torch.float64)),
+             "batch": (column, x, torch.zeros(S, B + 1, H, dtype=torch.float64)),
+             "dtype": (column, x, torch.zeros(S, B, H, dtype=torch.float32)),
+             "row": (row, torch.zeros(S, B, FFN // 3, dtype=torch.float64),
+                     torch.zeros(S, B, FFN // 3 + 1, dtype=torch.float64))}
+    out = {case: attempt(layer, bad if rank == 1 else good) for case, (layer, good, bad) in cases.items()}
+    out["after"] = tuple(block(x).shape)        # the group is still usable
+    return out
+
+
+def test_tensor_parallel_inputs_that_differ_are_refused_on_every_rank_at_once():
+    """Without sequence parallelism the first collective is the row-parallel all_reduce; one rank's
+    input of another shape made the ranks' all_reduces of two sizes wait for COLLECTIVES_TIMEOUT
+    (then a DesyncError). Now every rank raises the same ValueError within seconds."""
+    results = run_world(different_inputs, 3, env={"COLLECTIVES_TIMEOUT": "60"})
+    words = {"block": "ColumnParallelLinear: ranks hold different inputs: ranks 0, 2: x [12, 2, 24] float64; "
+                      "rank 1: x [13, 2, 24] float64; every rank must hold the same input (S, B, hidden)",
+             "batch": "ranks 0, 2: x [12, 2, 24] float64; rank 1: x [12, 3, 24] float64",
+             "dtype": "ranks 0, 2: x [12, 2, 24] float64; rank 1: x [12, 2, 24] float32",
+             "row": "RowParallelLinear: ranks hold different inputs: ranks 0, 2: x [12, 2, 16] float64; "
+                    "rank 1: x [12, 2, 17] float64; every rank must hold its slice of the features"}
+    assert_refused_alike(results, words)
+    assert all(r["after"] == (S, B, H) for r in results)

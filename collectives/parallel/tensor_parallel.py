@@ -26,14 +26,18 @@ followed by an all_gather (chapter 4), so split it there: the row-parallel linea
 ends with a **reduce_scatter** along the sequence (each rank keeps S/N positions)
 and the next column-parallel linear starts with an **all_gather**; backward swaps
 them. The same bytes cross the wire, and the activations between blocks take 1/N
-of the memory. Before the first all_gather of a block's forward, every rank's shard is
-compared (:func:`collectives.parallel.shapes.same_shapes`: N-1 messages of 256 bytes), so a
-rank holding another shard (a longer sequence, another batch) makes every rank raise the
-same ValueError at once, instead of messages of two sizes that never pair; the layers
-after it receive shapes derived from that one input and are not checked again.
-The price: parameters that act on the sequence shards (LayerNorm,
+of the memory. The price: parameters that act on the sequence shards (LayerNorm,
 the row-parallel bias) see only S/N positions, so their gradients are summed over
 the group once per step (:func:`reduce_replicated_grads`).
+
+**The input check**, with or without sequence parallelism. Before a block's first
+collective, every rank's input (the whole activation, or its shard) is compared
+(:func:`collectives.parallel.shapes.same_shapes`: N-1 messages of 256 bytes per rank), so a
+rank holding another input (a longer sequence, another batch) makes every rank raise the
+same ValueError at once, instead of an all_reduce or all_gather of two sizes whose messages
+never pair; the layers after it receive shapes derived from that one input and are not
+checked again (a block checks once, in its attention's QKV projection; a lone layer checks
+its own input).
 
 Activations are laid out ``(sequence, batch, hidden)``, Megatron's order, so a
 sequence shard is a contiguous slice along dim 0. The collectives are this
@@ -57,14 +61,18 @@ from .shapes import same_shapes
 ALGORITHM = "ring"   # all_reduce, all_gather and reduce_scatter: the chapter's byte counts are the ring's
 
 
-def _same_input(where, x, group, whole_sequence):
-    """Sequence parallel: every rank's input of one shape and dtype, or the same ValueError on every
-    rank before the first all_gather / reduce_scatter (whose messages would otherwise never pair)."""
+def _same_input(where, x, group, whole_sequence, sequence_parallel=True):
+    """Every rank's input of one shape and dtype, or the same ValueError on every rank before the
+    layer's first collective (whose messages would otherwise never pair: one rank's all_reduce
+    or all_gather of another size waits until ``COLLECTIVES_TIMEOUT``)."""
     n, _ = _shape(group)
     fault = None
-    if whole_sequence and x.dim() and x.shape[0] % n:
+    if sequence_parallel and whole_sequence and x.dim() and x.shape[0] % n:
         fault = f"the sequence length {x.shape[0]} is not divisible by the group size {n}"
-    kind = "the whole sequence (S, B, features)" if whole_sequence else "a sequence shard (S/N, B, hidden)"
+    if sequence_parallel:
+        kind = "the whole sequence (S, B, features)" if whole_sequence else "a sequence shard (S/N, B, hidden)"
+    else:
+        kind = "its slice of the features (S, B, features/N)" if whole_sequence else "the same input (S, B, hidden)"
     same_shapes(where, group, f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')}", fault,
                 f"every rank must hold {kind} of one shape and dtype")
 
@@ -330,7 +338,7 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(f"ColumnParallelLinear: out_features={out_features} is not divisible by "
                              f"the group size {n}")
         self.group, self.sequence_parallel = group, sequence_parallel
-        self.check_input = True     # sequence parallel: compare every rank's input shape first
+        self.check_input = True     # compare every rank's input shape before the first collective
         local = nn.Linear(in_features, out_features // n, bias=bias, dtype=dtype)
         self.weight, self.bias = local.weight, local.bias
 
@@ -347,8 +355,8 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
-        if self.sequence_parallel and self.check_input:
-            _same_input("ColumnParallelLinear", x, self.group, False)
+        if self.check_input:
+            _same_input("ColumnParallelLinear", x, self.group, False, bool(self.sequence_parallel))
         if self.overlap:
             return _GatherLinearOverlap.apply(x, self.weight, self.bias, self.group, self.overlap, self.waits)
         if self.sequence_parallel == "regather":
@@ -382,7 +390,7 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"RowParallelLinear: in_features={in_features} is not divisible by "
                              f"the group size {n}")
         self.group, self.sequence_parallel = group, sequence_parallel
-        self.check_input = True     # sequence parallel: compare every rank's input shape first
+        self.check_input = True     # compare every rank's input shape before the first collective
         local = nn.Linear(in_features // n, out_features, bias=bias, dtype=dtype)
         with torch.no_grad():   # nn.Linear's init for the whole layer: its fan-in is in_features, not in/N
             for p in local.parameters():
@@ -403,8 +411,8 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
-        if self.sequence_parallel and self.check_input:
-            _same_input("RowParallelLinear", x, self.group, True)
+        if self.check_input:
+            _same_input("RowParallelLinear", x, self.group, True, bool(self.sequence_parallel))
         if self.overlap:
             y = _LinearScatterOverlap.apply(x, self.weight, self.group, self.overlap, self.waits)
             return y if self.bias is None else y + self.bias

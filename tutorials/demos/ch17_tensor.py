@@ -85,10 +85,11 @@ def demo(rank, world_size):
     if rank == 0:
         n = world_size
         print(f"2. bytes rank 0 sends in one step, N = {n}, A = S x B x H x 8 = {a} bytes of activation")
-        print(f"   tensor parallel:   {rows[0][0]} in {rows[0][1]} messages; 4 all_reduces: "
-              f"8(N-1)/N x A = {8 * (n - 1) * a // n} in 8(N-1) = {8 * (n - 1)}")
+        print(f"   tensor parallel:   {rows[0][0]} in {rows[0][1]} messages; 4 all_reduces "
+              f"+ the input check (N-1 lines of 256 bytes): 8(N-1)/N x A + {(n - 1) * 256} "
+              f"= {8 * (n - 1) * a // n + (n - 1) * 256} in 8(N-1) + N-1 = {9 * (n - 1)}")
         print(f"   sequence parallel: {rows[1][0]} in {rows[1][1]} messages; 4 all_gathers + 4 reduce_scatters "
-              f"+ the LayerNorm and bias gradients (6H values) + the shard check (N-1 lines of 256 bytes): "
+              f"+ the LayerNorm and bias gradients (6H values) + the input check: "
               f"{8 * (n - 1) * a // n} + {2 * (n - 1) * 6 * H * E // n} + {(n - 1) * 256} "
               f"in {8 * (n - 1)} + {2 * (n - 1)} + {n - 1}")
         print(f"   the same, regathered:  {rows[2][0]} in {rows[2][1]} messages; 2 all_gathers more in backward: "

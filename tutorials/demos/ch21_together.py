@@ -131,10 +131,10 @@ def demo(rank, world_size):
         a = BATCH // DP // M * T * D * 8
         print(f"3. one step's bytes sent (messages) per rank, by kind; A = {a} bytes per micro-batch's activation")
         print("   rank   pipeline      tensor parallel   data parallel  | formulas: m A + 16 (the step's check), "
-              "4 m A, 8 P")
+              "4 m A + 256 m (TP-1) (the input check), 8 P")
         for r, (*_, kinds, params) in enumerate(everyone):
             cells = "  ".join(f"{kinds[k][0]:7d} ({kinds[k][1]:2d})" for k in ("pipeline", "tensor", "data"))
-            print(f"   {r:4d}   {cells}   |  {M * a + 16}, {4 * M * a}, {params * 8} (P = {params} values)")
+            print(f"   {r:4d}   {cells}   |  {M * a + 16}, {4 * M * a + 256 * M * (TP - 1)}, {params * 8} (P = {params} values)")
 
 
 if __name__ == "__main__":
