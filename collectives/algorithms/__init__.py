@@ -19,9 +19,10 @@ from . import (all_gather_bruck, all_gather_pat, all_gather_recursive_doubling, 
                all_reduce_tree, all_to_all_bruck, all_to_all_linear, all_to_all_pairwise,
                barrier_dissemination,
                broadcast_bine, broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
-               broadcast_scatter_allgather, gather_binomial_tree, gather_linear,
+               broadcast_scatter_allgather, gather_bine, gather_binomial_tree, gather_linear,
                reduce_bine, reduce_binomial_tree, reduce_linear, reduce_scatter_pat,
-               reduce_scatter_recursive_halving, reduce_scatter_ring, scatter_binomial_tree, scatter_linear)
+               reduce_scatter_recursive_halving, reduce_scatter_ring, scatter_bine, scatter_binomial_tree,
+               scatter_linear)
 from ._cost import Cost  # noqa: F401  (re-exported: what cost() returns)
 
 MODULES = {
@@ -52,10 +53,12 @@ MODULES = {
     "scatter": {
         "linear": scatter_linear,
         "binomial_tree": scatter_binomial_tree,
+        "bine": scatter_bine,
     },
     "gather": {
         "linear": gather_linear,
         "binomial_tree": gather_binomial_tree,
+        "bine": gather_bine,
     },
     "all_gather": {
         "ring": all_gather_ring,
