@@ -11,9 +11,9 @@ goals: >= 1.5x over recursive doubling at 1-16 MiB, never slower than the ring a
 
 Bine (De Sensi et al., SC'25, arXiv 2508.17311) claims up to 33% fewer bytes on a
 Dragonfly's global links. Here: the bytes the ``dragonfly`` preset's global links
-carry (``Result.link_bytes``) for broadcast and reduce, Bine tree against the binomial
-tree, for every root (the issue's goal: >= 25% fewer); and
-both trees walked near hops first (the binomial's near-first walk is not a registered
+carry (``Result.link_bytes``) for broadcast, reduce, gather and scatter, Bine tree
+against the binomial tree, for every root (the issue's goal: >= 25% fewer for broadcast
+and reduce); and both trees walked near hops first (the binomial's near-first walk is not a registered
 algorithm: a function here), the order in which a public Bine schedule generator walks them.
 
 PAT (Jeaugey 2025, arXiv 2506.20252) is made for one rank per node at scale, where the
@@ -22,6 +22,7 @@ node (the ``ethernet-100g`` switch and the 4:1 oversubscribed ``fat-tree``), and
 first size at which the ring is at least as fast (the crossover), as the simulator finds it.
 
     python -m benchmarks.paper_claims [--claim swing,bine,pat] [--dims 8x8] [-s 4K,64K,1M,4M,16M]
+        [--bine-routers 8] [--bine-collectives broadcast,gather] [--pat-ranks 128] [--pat-sizes 1K,4M]
 """
 import argparse
 
@@ -32,22 +33,24 @@ from collectives.sim.topology import dragonfly, torus
 from collectives.tools.sizes import parse_size
 
 
-def swing_on_torus(dims, sizes):
+SWING_RIVALS = ("recursive_doubling", "rabenseifner", "ring")
+SHORT = {"recursive_doubling": ("rec_doubl", "rd"), "rabenseifner": ("rabenseif", "rab"), "ring": ("ring", "ring")}
+
+
+def swing_on_torus(dims, sizes, rivals=SWING_RIVALS):
     topo = torus(dims)
     n = 1
     for d in dims:
         n *= d
     print(f"all_reduce on torus {'x'.join(map(str, dims))} ({n} ranks), simulated time in us")
-    print(f"{'size':>8} {'swing':>10} {'rec_doubl':>10} {'rabenseif':>10} {'ring':>10} "
-          f"{'rd/swing':>9} {'rab/swing':>9} {'ring/swing':>10}")
+    print(f"{'size':>8} {'swing':>10} " + " ".join(f"{SHORT[a][0]:>10}" for a in rivals) + " "
+          + " ".join(f"{SHORT[a][1] + '/swing':>10}" for a in rivals))
     for s in sizes:
-        t = {a: simulate("all_reduce", a, n, s, topo).time * 1e6
-             for a in ("swing", "recursive_doubling", "rabenseifner", "ring")}
+        t = {a: simulate("all_reduce", a, n, s, topo).time * 1e6 for a in ("swing",) + tuple(rivals)}
         # a 0-byte call moves nothing and takes no time: no ratio to show
-        rd, rab, ring = ((f"{t[a] / t['swing']:.2f}" if t["swing"] else "-")
-                         for a in ("recursive_doubling", "rabenseifner", "ring"))
-        print(f"{s:>8} {t['swing']:>10.1f} {t['recursive_doubling']:>10.1f} {t['rabenseifner']:>10.1f} "
-              f"{t['ring']:>10.1f} {rd:>9} {rab:>9} {ring:>10}")
+        ratios = ((f"{t[a] / t['swing']:.2f}" if t["swing"] else "-") for a in rivals)
+        print(f"{s:>8} {t['swing']:>10.1f} " + " ".join(f"{t[a]:>10.1f}" for a in rivals) + " "
+              + " ".join(f"{r:>10}" for r in ratios))
 
 
 def binomial_near_first(comm, tensor, root):
@@ -67,16 +70,25 @@ def bine_near_first(comm, tensor, root):
     broadcast_bine.broadcast(comm, tensor, root, far_first=False)
 
 
-def bine_on_dragonfly(n, nbytes, roots):
-    """Global-link bytes of broadcast and reduce, Bine against binomial, over ``roots``."""
-    topo = dragonfly()
-    print(f"broadcast and reduce on dragonfly ({topo['groups']} groups, {n} ranks), {nbytes} bytes, "
-          f"bytes on global links summed over {len(roots)} roots")
+BINE_CASES = {   # label: (collective, binomial, bine)
+    "broadcast": ("broadcast", "binomial_tree", "bine"),
+    "reduce": ("reduce", "binomial_tree", "bine"),
+    "gather": ("gather", "binomial_tree", "bine"),
+    "scatter": ("scatter", "binomial_tree", "bine"),
+    "broadcast, near first": ("broadcast", binomial_near_first, bine_near_first),
+}
+
+
+def bine_on_dragonfly(n, nbytes, roots, routers=8, cases=tuple(BINE_CASES)):
+    """Global-link bytes of the rooted collectives, Bine against binomial, over ``roots``,
+    on a dragonfly of 4 groups of ``routers`` routers of 4 ranks."""
+    topo = dragonfly(routers_per_group=routers)
+    print(f"rooted collectives on dragonfly ({topo['groups']} groups of {routers * 4} ranks, {n} ranks), "
+          f"{nbytes} bytes, bytes on global links summed over {len(roots)} roots")
     print(f"{'collective':>22} {'binomial':>14} {'bine':>14} {'bine less':>10} {'best root':>10} "
           f"{'worst root':>10}")
-    cases = [("broadcast", "binomial_tree", "bine", "broadcast"), ("reduce", "binomial_tree", "bine", "reduce"),
-             ("broadcast", binomial_near_first, bine_near_first, "broadcast, near first")]
-    for collective, binomial, bine, label in cases:
+    for label in cases:
+        collective, binomial, bine = BINE_CASES[label]
         per = {a: [simulate(collective, f, n, nbytes, topo, root=r).link_bytes.get("global", 0) for r in roots]
                for a, f in (("binomial_tree", binomial), ("bine", bine))}
         saved = [1 - b / t if t else 0.0 for b, t in zip(per["bine"], per["binomial_tree"])]
@@ -107,7 +119,12 @@ def main(argv=None):
     p.add_argument("--claim", default="swing,bine,pat", help="which claims to show (default: all three)")
     p.add_argument("--dims", default="8x8", help="Swing's torus (default 8x8)")
     p.add_argument("-s", "--sizes", default="1K,4K,64K,1M,4M,16M", help="Swing's sizes")
-    p.add_argument("--bine-ranks", type=int, default=128, help="Bine's ranks on the dragonfly (default 128)")
+    p.add_argument("--bine-ranks", type=int, default=0,
+                   help="Bine's ranks on the dragonfly (default 0: all, 4 groups x 4 x --bine-routers)")
+    p.add_argument("--bine-routers", type=int, default=8,
+                   help="routers per dragonfly group, 4 ranks each (default 8: 4 groups of 32 ranks)")
+    p.add_argument("--bine-collectives", default=",".join(BINE_CASES),
+                   help=f"which rooted collectives (default all: {', '.join(BINE_CASES)})")
     p.add_argument("--bine-bytes", default="1M", help="Bine's message size (default 1M)")
     p.add_argument("--bine-roots", type=int, default=0,
                    help="how many roots, spread evenly (default 0: every rank)")
@@ -122,9 +139,14 @@ def main(argv=None):
     if "swing" in claims:
         swing_on_torus([int(d) for d in a.dims.split("x")], [parse_size(x) for x in a.sizes.split(",")])
     if "bine" in claims:
-        n = a.bine_ranks
+        n = a.bine_ranks or 4 * 4 * a.bine_routers
         k = a.bine_roots or n
-        bine_on_dragonfly(n, parse_size(a.bine_bytes), sorted({i * n // k for i in range(k)}))
+        cases = a.bine_collectives.split(",")
+        for c in cases:
+            if c not in BINE_CASES:
+                p.error(f"unknown --bine-collectives {c!r}; known: {', '.join(BINE_CASES)}")
+        bine_on_dragonfly(n, parse_size(a.bine_bytes), sorted({i * n // k for i in range(k)}),
+                          a.bine_routers, cases)
     if "pat" in claims:
         pat_vs_ring(a.pat_ranks, [parse_size(x) for x in a.pat_sizes.split(",")], a.pat_topologies.split(","))
 
