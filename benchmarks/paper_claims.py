@@ -70,12 +70,12 @@ def bine_near_first(comm, tensor, root):
     broadcast_bine.broadcast(comm, tensor, root, far_first=False)
 
 
-BINE_CASES = {   # label: (collective, binomial, bine)
-    "broadcast": ("broadcast", "binomial_tree", "bine"),
-    "reduce": ("reduce", "binomial_tree", "bine"),
-    "gather": ("gather", "binomial_tree", "bine"),
-    "scatter": ("scatter", "binomial_tree", "bine"),
-    "broadcast, near first": ("broadcast", binomial_near_first, bine_near_first),
+BINE_CASES = {   # name for --bine-collectives: (label, collective, binomial, bine)
+    "broadcast": ("broadcast", "broadcast", "binomial_tree", "bine"),
+    "reduce": ("reduce", "reduce", "binomial_tree", "bine"),
+    "gather": ("gather", "gather", "binomial_tree", "bine"),
+    "scatter": ("scatter", "scatter", "binomial_tree", "bine"),
+    "near_first": ("broadcast, near first", "broadcast", binomial_near_first, bine_near_first),
 }
 
 
@@ -87,8 +87,8 @@ def bine_on_dragonfly(n, nbytes, roots, routers=8, cases=tuple(BINE_CASES)):
           f"{nbytes} bytes, bytes on global links summed over {len(roots)} roots")
     print(f"{'collective':>22} {'binomial':>14} {'bine':>14} {'bine less':>10} {'best root':>10} "
           f"{'worst root':>10}")
-    for label in cases:
-        collective, binomial, bine = BINE_CASES[label]
+    for case in cases:
+        label, collective, binomial, bine = BINE_CASES[case]
         per = {a: [simulate(collective, f, n, nbytes, topo, root=r).link_bytes.get("global", 0) for r in roots]
                for a, f in (("binomial_tree", binomial), ("bine", bine))}
         saved = [1 - b / t if t else 0.0 for b, t in zip(per["bine"], per["binomial_tree"])]
