@@ -9,6 +9,7 @@ import pytest
 
 from collectives.algorithms import all_gather_pat as pat
 from collectives.algorithms import broadcast_bine as bine
+from collectives.algorithms import gather_bine
 from collectives.algorithms import reduce_scatter_pat as pat_rs
 from collectives.algorithms._util import ceil_log2
 
@@ -97,6 +98,26 @@ def test_bine_hops_are_shorter_than_the_binomial_trees(p):
     bine_hops = sum(hops(v, q) for v, (q, _) in bine.tree(p, 0).items())
     binomial = sum(hops(v, v - (v & -v)) for v in range(1, p))
     assert bine_hops < binomial
+
+
+@pytest.mark.parametrize("n", list(range(1, 34)) + [64, 100, 128])
+def test_bine_gather_layout_makes_every_subtree_one_range(n):
+    # gather_bine and scatter_bine send a subtree's pieces as one slice of the pre-order buffer
+    for root in sorted({0, min(1, n - 1), n // 2, n - 1}):
+        order, index, size = gather_bine.layout(n, root)
+        assert sorted(order) == list(range(n)) and order[0] == root
+        parent = bine.tree(n, root)
+        for q in order:
+            below, v = set(), None
+            for v in parent:                 # v is below q if q is on its way to the root
+                u = v
+                while u != root and u != q:
+                    u = parent[u][0]
+                if u == q:
+                    below.add(v)
+            assert set(order[index[q]:index[q] + size[q]]) == below | {q}, (n, root, q)
+            if n & (n - 1) == 0:             # the card: on a power of two, a run of ranks (mod N)
+                assert any({(a + i) % n for i in range(size[q])} == below | {q} for a in below | {q})
 
 
 def test_paper_claims_bine_and_pat_run_small(capsys):
