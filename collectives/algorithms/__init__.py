@@ -12,7 +12,7 @@ validation, reshaping, staging and dispatch around them.
 Adding an algorithm: its module (the function named after the collective, and
 ``cost``), one line in ``MODULES``, its test.
 """
-from . import (all_gather_bruck, all_gather_pat, all_gather_recursive_doubling, all_gather_ring,
+from . import (all_gather_bine, all_gather_bruck, all_gather_pat, all_gather_recursive_doubling, all_gather_ring,
                all_reduce_bine, all_reduce_double_binary_tree, all_reduce_hierarchical, all_reduce_naive_ring,
                all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring,
                all_reduce_ring_pipelined, all_reduce_swing,
@@ -65,6 +65,7 @@ MODULES = {
         "recursive_doubling": all_gather_recursive_doubling,
         "bruck": all_gather_bruck,
         "pat": all_gather_pat,
+        "bine": all_gather_bine,
     },
     "reduce_scatter": {
         "ring": reduce_scatter_ring,
