@@ -20,7 +20,7 @@ from . import (all_gather_bine, all_gather_bruck, all_gather_pat, all_gather_rec
                barrier_dissemination,
                broadcast_bine, broadcast_binomial_tree, broadcast_linear, broadcast_pipeline,
                broadcast_scatter_allgather, gather_bine, gather_binomial_tree, gather_linear,
-               reduce_bine, reduce_binomial_tree, reduce_linear, reduce_scatter_pat,
+               reduce_bine, reduce_binomial_tree, reduce_linear, reduce_scatter_bine, reduce_scatter_pat,
                reduce_scatter_recursive_halving, reduce_scatter_ring, scatter_bine, scatter_binomial_tree,
                scatter_linear)
 from ._cost import Cost  # noqa: F401  (re-exported: what cost() returns)
@@ -71,6 +71,7 @@ MODULES = {
         "ring": reduce_scatter_ring,
         "recursive_halving": reduce_scatter_recursive_halving,
         "pat": reduce_scatter_pat,
+        "bine": reduce_scatter_bine,
     },
     "all_to_all": {
         "linear": all_to_all_linear,
