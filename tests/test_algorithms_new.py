@@ -9,7 +9,7 @@ import pytest
 
 from collectives.algorithms import all_gather_pat as pat
 from collectives.algorithms import broadcast_bine as bine
-from collectives.algorithms import gather_bine
+from collectives.algorithms import all_gather_bine, gather_bine
 from collectives.algorithms import reduce_scatter_pat as pat_rs
 from collectives.algorithms._util import ceil_log2
 
@@ -118,6 +118,18 @@ def test_bine_gather_layout_makes_every_subtree_one_range(n):
             assert set(order[index[q]:index[q] + size[q]]) == below | {q}, (n, root, q)
             if n & (n - 1) == 0:             # the card: on a power of two, a run of ranks (mod N)
                 assert any({(a + i) % n for i in range(size[q])} == below | {q} for a in below | {q})
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 64, 128])
+def test_bine_all_gather_sends_its_half_of_the_output_to_a_neighbour(n):
+    # the card: the largest (last) step of all_gather_bine (and the first of
+    # reduce_scatter_bine, the same exchanges reversed) is between neighbours, where
+    # recursive doubling's is n/2 ranks apart
+    last = max(step for step, _, _, _ in all_gather_bine.exchanges(n))
+    for step, v, q, (lo, hi) in all_gather_bine.exchanges(n):
+        assert (hi - lo == n // 2) == (step == last), (n, step, v, q)
+        if step == last:
+            assert (v - q) % n in (1, n - 1), (n, v, q)
 
 
 def test_paper_claims_bine_and_pat_run_small(capsys):
