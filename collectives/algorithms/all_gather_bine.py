@@ -52,7 +52,7 @@ from functools import lru_cache
 from ._cost import NOTHING, Tally, pieces
 from ._util import (first_real_rank, fold, fold_in, fold_out, real_rank, tally_fold_in,
                     tally_fold_out, virtual_rank)
-from .all_reduce_swing import peer, run, slots
+from .all_reduce_swing import plan, slots
 
 AUTO = "measured"   # recursive doubling's figures on a flat switch: its gain is locality
 
@@ -75,18 +75,24 @@ def layout(n):
     return tuple(order), tuple(piece)
 
 
-def exchanges(n):
-    """[(step, virtual rank, peer, runs it sends as [lo, hi) in pieces)]."""
-    p, extra = fold(n)
+@lru_cache(maxsize=1024)
+def pairs(n):
+    """For each virtual rank v: per step k = 0 .. log2(P)-1 of the reduce-scatter order,
+    (peer, v's run R(v, k+1), the peer's run R(peer, k+1)), runs as [lo, hi) in pieces of
+    the block-order buffer. ``reduce_scatter_bine`` walks it forwards, this module backwards."""
+    p, _ = fold(n)
     order, _ = layout(n)
-    levels = p.bit_length() - 1
+    return tuple(tuple((q, (order[a], order[b]), (order[e], order[f]))
+                       for q, (a, b), (e, f) in plan(v, p)) for v in range(p))
+
+
+def exchanges(n):
+    """[(step, virtual rank, peer, run it sends as [lo, hi) in pieces)]."""
+    p, extra = fold(n)
     step0 = 1 if extra else 0
-    out = []
-    for j, k in enumerate(reversed(range(levels))):
-        for v in range(p):
-            a, b = run(v, k + 1, p)
-            out.append((step0 + j, v, peer(v, k, p), (order[a], order[b])))
-    return out
+    return [(step0 + j, v, q, mine)
+            for v, todo in enumerate(pairs(n))
+            for j, (q, mine, _) in enumerate(reversed(todo))]
 
 
 def cost(n, s, item=1):
@@ -118,14 +124,9 @@ def all_gather(comm, tensor_list, tensor):
     if extra:
         fold_in(comm, extra, 0, tensor, work[piece[r - 1] * c:(piece[r - 1] + 1) * c])
     if v is not None:
-        levels = p.bit_length() - 1
-        for j, k in enumerate(reversed(range(levels))):
-            q = peer(v, k, p)
-            a, b = run(v, k + 1, p)
-            e, f = run(q, k + 1, p)
+        for j, (q, (a, b), (e, f)) in enumerate(reversed(pairs(n)[v])):
             partner = real_rank(q, extra)
-            comm.sendrecv(work[order[a] * c:order[b] * c], partner,
-                          work[order[e] * c:order[f] * c], partner, (1 if extra else 0) + j)
+            comm.sendrecv(work[a * c:b * c], partner, work[e * c:f * c], partner, (1 if extra else 0) + j)
     if extra:
         fold_out(comm, extra, (p.bit_length() - 1) + 1, work, work)
     for i, out in enumerate(tensor_list):

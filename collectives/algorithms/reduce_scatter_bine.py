@@ -53,15 +53,14 @@ import torch
 
 from ._cost import NOTHING, Tally
 from ._util import fold, fold_in, fold_out, real_rank, tally_fold_in, tally_fold_out, virtual_rank
-from .all_gather_bine import layout
-from .all_reduce_swing import plan
+from .all_gather_bine import layout, pairs
 
 AUTO = "measured"   # recursive halving's figures on a flat switch: its gain is locality
 
 
-def largest_kept(order, v, p):
+def largest_kept(n, v):
     """Pieces of the largest run virtual rank ``v`` receives (the first step's: runs shrink)."""
-    return max((order[b] - order[a] for _, (a, b), _ in plan(v, p)), default=0)
+    return max((b - a for _, (a, b), _ in pairs(n)[v]), default=0)
 
 
 def cost(n, s, item=1):
@@ -69,17 +68,16 @@ def cost(n, s, item=1):
     if n == 1:
         return NOTHING
     p, extra = fold(n)
-    order, _ = layout(n)
     c = s // item // n * item   # bytes of one chunk
     t = Tally(n)
     step0 = 1 if extra else 0
     if extra:
         tally_fold_in(t, extra, 0, s, reduced=True)
-    for v in range(p):
+    for v, todo in enumerate(pairs(n)):
         r = real_rank(v, extra)
-        for k, (q, (a, b), (e, f)) in enumerate(plan(v, p)):
-            t.message(step0 + k, r, real_rank(q, extra), (order[f] - order[e]) * c)
-            t.reduce(r, (order[b] - order[a]) * c)
+        for k, (q, (a, b), (e, f)) in enumerate(todo):
+            t.message(step0 + k, r, real_rank(q, extra), (f - e) * c)
+            t.reduce(r, (b - a) * c)
     if extra:
         tally_fold_out(t, extra, step0 + p.bit_length() - 1, c)
     for r in range(n):
@@ -87,14 +85,14 @@ def cost(n, s, item=1):
         if r < 2 * extra and r % 2:
             t.allocate(r, 2 * s)          # the input and its partner's
         else:
-            t.allocate(r, s + (largest_kept(order, v, p) * c if v is not None else 0))
+            t.allocate(r, s + (largest_kept(n, v) * c if v is not None else 0))
     return t.cost()
 
 
 def reduce_scatter(comm, output, input_list, op):
     n, r = comm.size, comm.rank
     p, extra = fold(n)
-    order, piece = layout(n)
+    _, piece = layout(n)
     c = output.numel()
     at = sorted(range(n), key=piece.__getitem__)     # the rank whose chunk is at each position
     work = torch.cat([input_list[i] for i in at])
@@ -108,12 +106,12 @@ def reduce_scatter(comm, output, input_list, op):
             op.combine(work, inbox)
     if v is not None:
         if inbox is None:
-            inbox = work.new_empty(largest_kept(order, v, p) * c)
-        for k, (q, (a, b), (e, f)) in enumerate(plan(v, p)):
-            got = inbox[:(order[b] - order[a]) * c]
+            inbox = work.new_empty(largest_kept(n, v) * c)
+        for k, (q, (a, b), (e, f)) in enumerate(pairs(n)[v]):
+            got = inbox[:(b - a) * c]
             partner = real_rank(q, extra)
-            comm.sendrecv(work[order[e] * c:order[f] * c], partner, got, partner, step0 + k)
-            op.combine(work[order[a] * c:order[b] * c], got)
+            comm.sendrecv(work[e * c:f * c], partner, got, partner, step0 + k)
+            op.combine(work[a * c:b * c], got)
     mine = work[piece[r] * c:(piece[r] + 1) * c]
     if extra:
         fold_out(comm, extra, step0 + p.bit_length() - 1, work[piece[r - 1] * c:(piece[r - 1] + 1) * c]
