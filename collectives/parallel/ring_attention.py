@@ -16,7 +16,7 @@ all_gather instead):
    a running maximum m, a running sum l and an unnormalised output o, so a rank
    holds two travelling (K, V) chunks (the one it attends to and the one
    arriving, two buffers swapped at each move) besides its own K and V, kept
-   for backward, and one S/N x S/N block of scores per head;
+   for backward, and scores only in S/N x S/N blocks per head, never S/N x S;
 3. **backward**: the same ring again, the chunk now (K, V, dK, dV): each rank
    adds its queries' contribution to the travelling dK, dV before passing them
    on, and after N moves every chunk's gradient is complete and home (the last
