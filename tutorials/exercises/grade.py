@@ -36,6 +36,9 @@ What is checked (exit status 0 only on a pass):
 9. **Memory**: what the solution keeps alive, not only what it is handed (ZeRO-1's
    state wherever it is kept, FSDP's gathered layers, 1F1B's posted receives).
 10. **Requests**: an isend never waited on, even where the result came out right.
+11. **Work**: for zig-zag ring attention, the multiply-adds of every matrix product the
+    solution calls, against the 2N + 1 blocks per rank the algorithm computes (a fully masked
+    block computed and masked gives the right numbers for twice the work).
 
 Worlds of 2 ranks and more run first, the world of 1 last (a deadlock shows in the first
 world run). Every world size is graded, also after one fails (except for mistakes that are the
@@ -82,7 +85,8 @@ class Verdict:
     """The grader's answer: ``passed`` (bool), ``text`` (what it printed), ``reason`` (one word).
 
     ``reason`` is one of "pass", "wrong", "changed_input", "builtin", "traffic", "state",
-    "schedule", "buffer", "unwaited", "deadlock", "crash", "not_written", "load_error", "died", "slow".
+    "schedule", "work", "buffer", "unwaited", "deadlock", "crash", "not_written", "load_error", "died",
+    "slow".
     """
 
     def __init__(self, name, passed, reason, text):
@@ -570,6 +574,18 @@ def _bits_text(name, world, check, cases, index):
     return "\n".join(lines)
 
 
+def _work_text(name, check, reports):
+    """None unless a rank reported more work than the algorithm does (``"work"``, with its
+    ``"blocks"``): the busiest such rank's words, and every rank's work beside them."""
+    over = [(o["blocks"], r, o["work"]) for r, (o, _) in reports.items() if "work" in o]
+    if not over:
+        return None
+    _, rank, text = max(over, key=lambda item: (item[0], -item[1]))
+    counts = ", ".join(f"rank {r}: {reports[r][0]['blocks']:g}" for r in sorted(reports)
+                       if "blocks" in reports[r][0])
+    return f"FAIL {name}: correct, but {text} Blocks per rank: {counts}. See {check.chapter}."
+
+
 def _buffer_problem(name, check, case, n, reports):
     """None if every receive was exactly the size of the message it got, else the verdict text.
 
@@ -719,6 +735,9 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
                 shape = next((o["schedule"] for _, (o, _) in sorted(reports.items()) if "schedule" in o), None)
                 if shape and late is None:    # right result, wrong order of work or memory held
                     late = ("schedule", f"FAIL {name}: correct, but {shape} See {check.chapter}.")
+                work = _work_text(name, check, reports)
+                if work and late is None:     # right result, more work than the algorithm does
+                    late = ("work", work)
                 if state and late is None:
                     kept, allowed, total, in_state, where = state
                     outside = ""
@@ -790,7 +809,7 @@ DIFFICULTY = {
     "send_recv_ring": (1, 15), "broadcast": (2, 30), "reduce": (2, 30), "all_gather": (1, 30),
     "reduce_scatter": (2, 30), "all_reduce": (2, 45), "all_to_all": (1, 20), "average_gradients": (1, 15),
     "zero1_step": (2, 45), "sim_all_reduce": (2, 30), "pipeline_1f1b": (3, 60), "tensor_parallel_mlp": (3, 60),
-    "fsdp_step": (3, 60), "moe_dispatch": (3, 60), "ring_attention": (3, 60),
+    "fsdp_step": (3, 60), "moe_dispatch": (3, 60), "ring_attention": (3, 60), "ring_attention_zigzag": (3, 90),
 }
 NUMERIC_DIFFICULTY = (1, 10)
 
