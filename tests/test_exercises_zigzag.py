@@ -43,6 +43,20 @@ def test_wrong_solution_is_told_why(name, wrong, worlds, reason, words):
         assert w in verdict.text, f"{w!r} not in:\n{verdict.text}"
 
 
+def test_work_hidden_from_the_counter_fails_too(tmp_path):
+    """Scores from elementwise products and sums are right, and invisible to the work counter: the
+    counter's floor (half of 2N + 1 blocks) fails them rather than letting them pass unmeasured."""
+    text = (HERE / "solutions" / "ring_attention_zigzag.py").read_text()
+    hidden = text.replace("s = q @ k.T /", "s = (q.unsqueeze(1) * k.unsqueeze(0)).sum(-1) /").replace(
+        "add_(p @ v)", "add_((p.unsqueeze(-1) * v.unsqueeze(0)).sum(1))")
+    assert hidden.count("unsqueeze(0)") == 2
+    (tmp_path / "hidden.py").write_text(hidden)
+    verdict = grade("ring_attention_zigzag", str(tmp_path / "hidden.py"), quick=True, world_sizes=(2,))
+    assert verdict.reason == "work", verdict.text
+    assert "rank 0 computed 0 blocks' worth of matrix products where zig-zag computes 2N + 1 = 5" in verdict.text
+    assert "not with elementwise products and sums" in verdict.text
+
+
 def test_the_work_counted_is_every_form_of_matrix_product():
     """The work rule counts multiply-adds however the product is spelled: a solution cannot step
     around it with einsum, bmm or the fused attention."""

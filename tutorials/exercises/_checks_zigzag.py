@@ -177,6 +177,15 @@ class RingAttentionZigzag:
                               f"blocks (three at its own stop, two of them diagonals, masked): computing all "
                               f"four everywhere gives the same numbers for 4N / (2N + 1) = "
                               f"{4 * n / (2 * n + 1):.2f} times the work, the imbalance zig-zag removes.")
+        elif n > 1 and blocks < (2 * n + 1) / 2:
+            # the bound above is only as good as the count: work done outside matrix products
+            # (elementwise products and sums) is invisible to it, so it must not pass unseen
+            report["work"] = (f"rank {rank} computed {blocks:g} blocks' worth of matrix products where "
+                              f"zig-zag computes 2N + 1 = {2 * n + 1} per rank ({self.label(case)}, {n} "
+                              f"ranks): the grader measures the work through the matrix products (@, "
+                              f"torch.matmul, mm, bmm, einsum, scaled_dot_product_attention), so compute "
+                              f"the scores q @ k.T and the outputs p @ v with them, not with elementwise "
+                              f"products and sums.")
         if watch.peak > 2:
             report["schedule"] = (f"rank {rank} held the keys or values of {watch.peak} other ranks at once "
                                   f"({n} ranks, {self.label(case)}); the ring holds at most two: the chunk "
