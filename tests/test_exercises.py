@@ -238,7 +238,8 @@ def test_an_endless_loop_is_stopped_and_called_stuck(tmp_path):
 def test_every_wrong_solution_is_tested():
     from tests.test_exercises_parallel_b import WRONG_CASES as PARALLEL_B    # chapters 17 and 19
     from tests.test_exercises_zigzag import WRONG_CASES as ZIGZAG            # chapter 20's zig-zag
-    tested = {c[1] for c in WRONG_CASES + PARALLEL_B + ZIGZAG}
+    from tests.test_exercises_ladder import WRONG_CASES as LADDER            # the steps of pipeline_1f1b
+    tested = {c[1] for c in WRONG_CASES + PARALLEL_B + ZIGZAG + LADDER}
     on_disk = {p.stem for p in WRONG.glob("*.py") if p.stem != "__init__"}
     assert on_disk == tested
 

@@ -683,3 +683,5 @@ from tutorials.exercises import _checks_parallel  # noqa: E402  (chapters 16 and
 CHECKS.update(_checks_parallel.CHECKS)
 from tutorials.exercises import _checks_zigzag  # noqa: E402  (chapter 20's zig-zag; imports this module's helpers)
 CHECKS.update(_checks_zigzag.CHECKS)
+from tutorials.exercises import _checks_ladder  # noqa: E402  (the steps that climb to a long exercise)
+CHECKS.update(_checks_ladder.CHECKS)
