@@ -53,6 +53,16 @@ def test_each_step_s_solution_passes_and_names_the_next_step():
     assert second.text.endswith("Next: python -m tutorials.exercises.grade pipeline_1f1b --step 3 (pipeline_1f1b).")
 
 
+def test_the_library_s_schedule_is_switched_off_for_step_1(tmp_path):
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text("from collectives.parallel.pipeline import one_f_one_b\n\n\n"
+                      "def pipeline_1f1b_order(p, s, m):\n    return one_f_one_b(p, m, s)\n")
+    verdict = grade("pipeline_1f1b_order", str(sneaky), quick=True)
+    assert verdict.reason == "builtin", verdict.text
+    assert ("it calls collectives.parallel.pipeline.one_f_one_b (line 5 of sneaky.py: return one_f_one_b(p, m, s))"
+            in verdict.text)
+
+
 def test_step_on_the_command_line(capsys):
     assert main(["pipeline_1f1b", "--step", "1", "--solution", str(SOLUTIONS / "pipeline_1f1b_order.py")]) == 0
     assert capsys.readouterr().out.startswith("PASS pipeline_1f1b_order:")

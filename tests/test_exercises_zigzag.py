@@ -1,7 +1,7 @@
 """The grader on chapter 20's zig-zag exercise: the right answer computed with the fully masked
 blocks (twice the work) fails on its work, the contiguous layout and an off-by-one mirror chunk
 fail on their numbers with the mistake named, the library's zigzag_ring_attention is switched off,
-and collecting every chunk first fails on memory (the reference solution passes in
+blocking sends deadlock, and collecting every chunk first fails on memory (the reference solution passes in
 tests/test_exercises.py, which grades every exercise in EXERCISES)."""
 import math
 
@@ -29,6 +29,9 @@ WRONG_CASES = [
     ("ring_attention_zigzag", "ring_attention_zigzag_mirror_off_by_one", (2,), "wrong",
      ["wrong result with 2 ranks", "rank 0: out: [", "  ok", "the rows of chunk 1's queries (positions 1 to 1) are "
       "right, those of chunk 2 (positions 2 to 2) wrong", "rank r's second chunk is 2N-1-r"]),
+    ("ring_attention_zigzag", "ring_attention_zigzag_blocking_send", (2,), "deadlock",
+     ["rank 0: in dist.send(dst=1) of float64[2, 3]", "rank 1: in dist.send(dst=0)",
+      "A send-send cycle: ranks 0 and 1 each wait to send to the other"]),
     ("ring_attention_zigzag", "ring_attention_zigzag_gathers_all", (4,), "schedule",
      ["correct, but rank 0 held the keys or values of 3 other ranks at once (4 ranks", "the ring holds at most two"]),
 ]
