@@ -86,15 +86,12 @@ class Pipeline1F1BForward:
     chapter = "chapter 16 (tutorials/16_pipeline_parallelism.md)"
 
     def cases(self, n, quick):
-        from tutorials.exercises._checks_parallel import _warm_autograd
-        _warm_autograd()
-        ms = (1, n + 1) if quick else (1, max(n - 1, 1), 2 * n + 1)
-        return [dict(m=m, rows=3, salt=salt) for salt, m in enumerate(dict.fromkeys(ms))]
+        from tutorials.exercises._checks_parallel import Pipeline1F1B
+        return Pipeline1F1B().cases(n, quick)      # the exercise's own cases, forwards only
 
     def label(self, case):
-        from tutorials.exercises._checks_parallel import WIDTH
-        return (f"{case['m']} micro-batch{'es' if case['m'] > 1 else ''} of {case['rows']}x{WIDTH} float64 "
-                f"activations, one stage per rank, forwards only")
+        from tutorials.exercises._checks_parallel import Pipeline1F1B
+        return Pipeline1F1B().label(case) + ", forwards only"
 
     def run(self, fn, case, rank, n):
         from tutorials.exercises._checks_parallel import Stage
