@@ -237,7 +237,9 @@ def test_an_endless_loop_is_stopped_and_called_stuck(tmp_path):
 
 def test_every_wrong_solution_is_tested():
     from tests.test_exercises_parallel_b import WRONG_CASES as PARALLEL_B    # chapters 17 and 19
-    tested = {c[1] for c in WRONG_CASES + PARALLEL_B}
+    from tests.test_exercises_zigzag import WRONG_CASES as ZIGZAG            # chapter 20's zig-zag
+    from tests.test_exercises_ladder import WRONG_CASES as LADDER            # the steps of pipeline_1f1b
+    tested = {c[1] for c in WRONG_CASES + PARALLEL_B + ZIGZAG + LADDER}
     on_disk = {p.stem for p in WRONG.glob("*.py") if p.stem != "__init__"}
     assert on_disk == tested
 
@@ -440,3 +442,4 @@ def test_list_shows_every_exercise_with_its_chapter_difficulty_and_hint(capsys):
         assert any(line.startswith(name + " ") for line in out.splitlines()), name
     assert any(line.split()[:3] == ["all_reduce", "4", "**."] and "tensor_split(N)" in line for line in out.splitlines())
     assert any(line.split()[:3] == ["ring_attention", "20", "***"] for line in out.splitlines())
+    assert any(line.split()[:4] == ["ring_attention_zigzag", "20", "***", "90"] for line in out.splitlines())

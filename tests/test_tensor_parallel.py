@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import collectives
+from collectives.parallel.recompute import saved_activation_bytes
 from collectives.parallel.tensor_parallel import (Block, ColumnParallelLinear, ParallelBlock, RowParallelLinear,
                                                   exposed_waits, reduce_replicated_grads)
 from tests.worlds import assert_refused_alike, attempt, run_world
@@ -72,17 +73,11 @@ def same_as_one_process(rank, world_size):
 
 
 def saved_bytes(model, n, sequence_parallel):
-    """Bytes of the tensors autograd keeps for backward in one forward pass (each counted once)."""
+    """Bytes of the activations autograd keeps for backward in one forward pass: each storage
+    once, the parameters left out, the input shard in its own storage (as a layer's output is)."""
     x = data(0)[0]
-    x = x.chunk(n)[dist.get_rank()] if sequence_parallel else x
-    kept = {}
-
-    def pack(t):
-        kept[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t.nbytes
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    return sum(kept.values())
+    x = (x.chunk(n)[dist.get_rank()] if sequence_parallel else x).clone()
+    return saved_activation_bytes(model, x, exclude=model.parameters())[1]
 
 
 def expected_traffic(n, sequence_parallel):
@@ -119,9 +114,9 @@ def test_tensor_and_sequence_parallel_train_like_one_process():
         one = per_rank[0][(1, False)][5]      # one process: the group of rank 0 alone
         for n in range(max(2, rank + 1), 5):         # the groups this rank is in
             kept = {sp: results[(n, sp)][5] for sp in (False, True, "regather")}
-            # chapter 17: regathered, every activation is cut N ways (the LayerNorms' per-position
-            # statistics aside); tensor parallel keeps whole the inputs of the LayerNorms and linears
-            assert one / n <= kept["regather"] < 1.05 * one / n, (rank, n, kept, one)
+            # chapter 17: regathered, every activation is cut N ways (S divides by N here);
+            # tensor parallel keeps whole the LayerNorms' inputs and outputs
+            assert kept["regather"] * n == one, (rank, n, kept, one)
             assert kept["regather"] < kept[True] < kept[False], (rank, n, kept)
 
 

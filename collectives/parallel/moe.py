@@ -28,8 +28,10 @@ not built here, fight.
 
 Bytes rank r sends per step (forward and backward), H hidden values of e bytes:
 ``8(N-1)`` for the counts, ``2 H e (sum_{j!=r} send[j] + sum_{j!=r} recv[j])``
-for the tokens (half of it when the tokens need no gradient), and the router's
-all_reduce. Chapter 19 derives it; the test counts it.
+for the tokens (the dispatch sends the rows out forward and the rows in
+backward, the combine the reverse; when the tokens need no gradient the
+dispatch's backward does not run, leaving ``H e (2 sum send + sum recv)``, not
+half), and the router's all_reduce. Chapter 19 derives it; the test counts it.
 
 Reference: W. Fedus, B. Zoph, N. Shazeer, "Switch Transformers", 2021;
 D. Lepikhin et al., "GShard", 2020.

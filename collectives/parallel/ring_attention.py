@@ -4,15 +4,19 @@ What it teaches. Attention over a sequence of S positions holds an S x S score
 matrix per head, and every position needs every key before it. Context
 parallelism gives rank r the r-th chunk of S/N positions, for every layer, and
 moves keys and values instead of queries (Liu et al., "Ring Attention", 2023;
-the Llama 3 and Megatron "context parallel" is this with all-gathers):
+Megatron-Core's context parallelism is this ring of point-to-point sends by
+default, ``cp_comm_type="p2p"``; Llama 3's gathers the keys and values with an
+all_gather instead):
 
 1. rank r computes Q, K, V for its own chunk;
 2. **forward**: the (K, V) chunk travels around the ring: N-1 times each rank
    sends the chunk it holds to rank r+1 and receives one from rank r-1, and in
    the meantime attends its queries to the chunk it has. An *online softmax*
    (Milakov & Gimelshein, 2018; FlashAttention) folds one chunk at a time into
-   a running maximum m, a running sum l and an unnormalised output o, so no rank
-   ever holds more than one chunk of keys or an S/N x S/N block of scores;
+   a running maximum m, a running sum l and an unnormalised output o, so a rank
+   holds two travelling (K, V) chunks (the one it attends to and the one
+   arriving, two buffers swapped at each move) besides its own K and V, kept
+   for backward, and scores only in S/N x S/N blocks per head, never S/N x S;
 3. **backward**: the same ring again, the chunk now (K, V, dK, dV): each rank
    adds its queries' contribution to the travelling dK, dV before passing them
    on, and after N moves every chunk's gradient is complete and home (the last

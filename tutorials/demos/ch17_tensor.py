@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import collectives
+from collectives.parallel.recompute import saved_activation_bytes
 from collectives.parallel.tensor_parallel import Block, ParallelBlock, reduce_replicated_grads
 from tutorials.demos.common import run
 
@@ -42,18 +43,13 @@ def step(model, group, sp, seed):
 
 
 def saved_bytes(model, group, sp):
-    """Bytes of the tensors autograd keeps for backward during one forward pass."""
+    """Bytes of the activations autograd keeps for backward during one forward pass: each
+    storage once (the attention output is saved in two shapes of one storage), the
+    parameters' storages left out (they are not activations and do not shrink with S x B)."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
     x = torch.randn(S, B, H, dtype=torch.float64)
-    x = x.chunk(n)[r] if sp else x
-    kept = {}
-
-    def pack(t):
-        kept[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t.nbytes
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    return sum(kept.values())
+    x = (x.chunk(n)[r] if sp else x).clone()   # its own storage, as the previous layer's output is
+    return saved_activation_bytes(model, x, exclude=model.parameters())[1]
 
 
 def demo(rank, world_size):

@@ -13,4 +13,4 @@ EXERCISES = ["send_recv_ring", "broadcast", "reduce", "all_gather", "reduce_scat
              "all_to_all", "average_gradients", "zero1_step", "sim_all_reduce"]
 EXERCISES += ["tensor_parallel_mlp", "moe_dispatch"]   # chapters 17 and 19
 EXERCISES += ["pipeline_1f1b", "fsdp_step"]   # chapters 16 and 18
-EXERCISES += ["ring_attention"]   # chapter 20
+EXERCISES += ["ring_attention", "ring_attention_zigzag"]   # chapter 20

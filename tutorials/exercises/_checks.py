@@ -681,3 +681,7 @@ from tutorials.exercises._checks_parallel_b import PARALLEL_B_CHECKS  # noqa: E4
 CHECKS.update(PARALLEL_B_CHECKS)
 from tutorials.exercises import _checks_parallel  # noqa: E402  (chapters 16 and 18; imports this module's helpers)
 CHECKS.update(_checks_parallel.CHECKS)
+from tutorials.exercises import _checks_zigzag  # noqa: E402  (chapter 20's zig-zag; imports this module's helpers)
+CHECKS.update(_checks_zigzag.CHECKS)
+from tutorials.exercises import _checks_ladder  # noqa: E402  (the steps that climb to a long exercise)
+CHECKS.update(_checks_ladder.CHECKS)

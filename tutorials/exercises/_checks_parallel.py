@@ -84,7 +84,7 @@ class Stage:
         self.posted_peak = 0       # of the peak: activations in receive buffers not yet handed to forward
         self.used = set()          # storages of the activations handed to forward
         # What every message must hold: the whole pipeline, one micro-batch at a time, here.
-        self.inputs, self.grads_in = [], []
+        self.inputs, self.grads_in, self.upstream = [], [], []
         layers = [_layer(s, case) for s in range(p)]
         for i in range(m):
             _progress(f"(grader) computing what micro-batch {i}'s messages must hold")
@@ -97,6 +97,7 @@ class Stage:
             for s in range(p - 2, -1, -1):          # the gradients back, stage by stage
                 torch.autograd.backward(ys[s], xs[s + 1].grad)
             self.inputs.append(xs[rank].detach())
+            self.upstream.append(xs[rank - 1].detach() if rank > 0 else None)   # the previous stage's input
             self.grads_in.append(xs[rank + 1].grad if rank < p - 1 else None)
 
     def empty(self):
@@ -111,6 +112,13 @@ class Stage:
             return False
         if not torch.equal(got, expected[i]):
             other = [j for j, e in enumerate(expected) if e is not None and torch.equal(got, e)]
+            passed_on = [j for j, e in enumerate(self.upstream) if what == "forward" and e is not None
+                         and torch.equal(got, e)]
+            if passed_on and not other:
+                self.problems.append(f"stage {self.rank}: forward({i}, ...) was given micro-batch {passed_on[0]}'s "
+                                     f"input to the previous stage, not its output: send on the y that "
+                                     f"stage.forward returns, not the x it was given")
+                return False
             source = "the previous stage" if what == "forward" else "the next stage"
             said = (f"micro-batch {other[0]}'s" if other else
                     "a tensor that is no micro-batch's (a buffer not yet received into, or reused)")

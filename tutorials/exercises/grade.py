@@ -36,6 +36,9 @@ What is checked (exit status 0 only on a pass):
 9. **Memory**: what the solution keeps alive, not only what it is handed (ZeRO-1's
    state wherever it is kept, FSDP's gathered layers, 1F1B's posted receives).
 10. **Requests**: an isend never waited on, even where the result came out right.
+11. **Work**: for zig-zag ring attention, the multiply-adds of every matrix product the
+    solution calls, against the 2N + 1 blocks per rank the algorithm computes (a fully masked
+    block computed and masked gives the right numbers for twice the work).
 
 Worlds of 2 ranks and more run first, the world of 1 last (a deadlock shows in the first
 world run). Every world size is graded, also after one fails (except for mistakes that are the
@@ -63,6 +66,7 @@ import torch.multiprocessing as mp
 
 from collectives.tools.launch import free_port
 from tutorials.exercises import _checks, _numeric, _worker
+from tutorials.exercises._checks_ladder import LADDERS
 
 HERE = Path(__file__).resolve().parent
 FULL_WORLDS = (1, 2, 3, 4, 5, 8)
@@ -82,7 +86,8 @@ class Verdict:
     """The grader's answer: ``passed`` (bool), ``text`` (what it printed), ``reason`` (one word).
 
     ``reason`` is one of "pass", "wrong", "changed_input", "builtin", "traffic", "state",
-    "schedule", "buffer", "unwaited", "deadlock", "crash", "not_written", "load_error", "died", "slow".
+    "schedule", "work", "buffer", "unwaited", "deadlock", "crash", "not_written", "load_error", "died",
+    "slow".
     """
 
     def __init__(self, name, passed, reason, text):
@@ -570,6 +575,18 @@ def _bits_text(name, world, check, cases, index):
     return "\n".join(lines)
 
 
+def _work_text(name, check, reports):
+    """None unless a rank reported more work than the algorithm does (``"work"``, with its
+    ``"blocks"``): the busiest such rank's words, and every rank's work beside them."""
+    over = [(o["blocks"], r, o["work"]) for r, (o, _) in reports.items() if "work" in o]
+    if not over:
+        return None
+    _, rank, text = max(over, key=lambda item: (item[0], -item[1]))
+    counts = ", ".join(f"rank {r}: {reports[r][0]['blocks']:g}" for r in sorted(reports)
+                       if "blocks" in reports[r][0])
+    return f"FAIL {name}: correct, but {text} Blocks per rank: {counts}. See {check.chapter}."
+
+
 def _buffer_problem(name, check, case, n, reports):
     """None if every receive was exactly the size of the message it got, else the verdict text.
 
@@ -677,9 +694,11 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
         raise ValueError(f"no exercise named {name!r}; the exercises are: "
                          f"{', '.join([*_checks.CHECKS, *_numeric.NUMERIC])}")
     check = _checks.CHECKS[name]
-    if getattr(check, "simulated", False):   # run in collectives.sim, not in worlds of processes
+    # run in collectives.sim, or (a pure function) in this process: not in worlds of processes
+    if getattr(check, "simulated", False) or getattr(check, "local", False):
         source, shown, tmp = resolve(name, solution)
         verdict = Verdict(name, *check.grade(name, source, shown, quick, world_sizes))
+        _next_step(verdict)
         if verbose:
             print(verdict.text)
         return verdict
@@ -719,6 +738,9 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
                 shape = next((o["schedule"] for _, (o, _) in sorted(reports.items()) if "schedule" in o), None)
                 if shape and late is None:    # right result, wrong order of work or memory held
                     late = ("schedule", f"FAIL {name}: correct, but {shape} See {check.chapter}.")
+                work = _work_text(name, check, reports)
+                if work and late is None:     # right result, more work than the algorithm does
+                    late = ("work", work)
                 if state and late is None:
                     kept, allowed, total, in_state, where = state
                     outside = ""
@@ -775,6 +797,7 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
             if summaries:
                 text += f"\nTraffic {summaries[-1]}."
             verdict = Verdict(name, True, "pass", text)
+        _next_step(verdict)
     finally:
         if tmp:
             for f in Path(tmp).iterdir():
@@ -785,12 +808,30 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
     return verdict
 
 
+def step_of(name):
+    """(exercise, k, steps) if ``name`` is step k of a ladder (``_checks_ladder.LADDERS``), else None."""
+    for exercise, steps in LADDERS.items():
+        if name in steps:
+            return exercise, steps.index(name) + 1, steps
+    return None
+
+
+def _next_step(verdict):
+    """A passed step of a ladder says which command grades the next one."""
+    where = step_of(verdict.name)
+    if verdict.passed and where and where[1] < len(where[2]):
+        exercise, k, steps = where
+        verdict.text += (f"\nStep {k} of {len(steps)} of {exercise} done. Next: python -m tutorials.exercises.grade "
+                         f"{exercise} --step {k + 1} ({steps[k]}).")
+
+
 # How hard each exercise is (1-3) and about how long it takes, the first time, with its chapter read.
 DIFFICULTY = {
     "send_recv_ring": (1, 15), "broadcast": (2, 30), "reduce": (2, 30), "all_gather": (1, 30),
     "reduce_scatter": (2, 30), "all_reduce": (2, 45), "all_to_all": (1, 20), "average_gradients": (1, 15),
     "zero1_step": (2, 45), "sim_all_reduce": (2, 30), "pipeline_1f1b": (3, 60), "tensor_parallel_mlp": (3, 60),
-    "fsdp_step": (3, 60), "moe_dispatch": (3, 60), "ring_attention": (3, 60),
+    "fsdp_step": (3, 60), "moe_dispatch": (3, 60), "ring_attention": (3, 60), "ring_attention_zigzag": (3, 90),
+    "pipeline_1f1b_order": (1, 15), "pipeline_1f1b_forward": (2, 20),    # pipeline_1f1b's steps 1 and 2
 }
 NUMERIC_DIFFICULTY = (1, 10)
 
@@ -820,7 +861,14 @@ def listing():
     lines = [f"{'exercise':<{width}}  ch  level      time    hint"]
     for chapter, name, level, minutes, hint in sorted(rows, key=lambda r: r[0]):
         lines.append(f"{name:<{width}}  {chapter:>2}  {'*' * level + '.' * (3 - level):<9}  {minutes:>3} min  {hint}")
-    lines.append("Grade one: python -m tutorials.exercises.grade NAME (--quick for worlds of 1-4 ranks).")
+        for k, step in enumerate(LADDERS.get(name, [])[:-1], 1):   # the last step is the exercise itself
+            doc = (HERE / f"{step}.py").read_text().split('"""')[1]
+            step_level, step_minutes = DIFFICULTY[step]
+            lines.append(f"{'  --step ' + str(k):<{width}}  {chapter:>2}  "
+                         f"{'*' * step_level + '.' * (3 - step_level):<9}  {step_minutes:>3} min  "
+                         f"{step}: {_first_sentence(doc.split('Hint:', 1)[1].split(chr(10) * 2, 1)[0], 80)}")
+    lines.append("Grade one: python -m tutorials.exercises.grade NAME (--quick for worlds of 1-4 ranks; "
+                 "--step K for step K of an exercise that lists steps).")
     return "\n".join(lines)
 
 
@@ -857,6 +905,9 @@ def main(argv=None):
                         help="the exercise (the function's name, or a numeric exercise of chapter 13)")
     parser.add_argument("--answer", help="your number, for a numeric exercise (chapter 13)")
     parser.add_argument("--solution", help="file defining the function (default: tutorials/exercises/NAME.py)")
+    parser.add_argument("--step", type=int, default=None,
+                        help="grade step K of the exercise's ladder instead (" + ", ".join(
+                            f"{name}: 1-{len(steps)}" for name, steps in LADDERS.items()) + ")")
     parser.add_argument("--quick", action="store_true", help="worlds of 1-4 ranks and fewer cases")
     parser.add_argument("--hang-seconds", type=float, default=None,
                         help=f"seconds without progress before a deadlock is declared (default {HANG_SECONDS:g})")
@@ -867,6 +918,13 @@ def main(argv=None):
                              "for exercises written against the door: " + ", ".join(HTML_COLLECTIVE) + ")")
     parser.add_argument("--html-ranks", type=int, default=4, help="ranks in the drawing")
     args = parser.parse_args(argv)
+    if args.step is not None:
+        steps = LADDERS.get(args.name)
+        if steps is None:
+            parser.error(f"{args.name} has no steps; the exercises with steps: {', '.join(LADDERS)}")
+        if not 1 <= args.step <= len(steps):
+            parser.error(f"{args.name} has steps 1 to {len(steps)}")
+        args.name = steps[args.step - 1]
     if args.html and args.name not in HTML_COLLECTIVE:
         parser.error(f"--html draws exercises written against the door ({', '.join(HTML_COLLECTIVE)}); "
                      f"{args.name} runs in worlds of processes")

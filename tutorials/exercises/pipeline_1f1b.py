@@ -28,6 +28,10 @@ at the end.
 Traffic to reach: per stage m activations forward (not on the last stage) and m
 gradients back (not on the first), one message each: at most 2m messages.
 
+Steps, each graded on its own: ``--step 1``, the 1F1B order as a list, no messages
+(pipeline_1f1b_order.py); ``--step 2``, the forwards alone with their messages
+(pipeline_1f1b_forward.py); ``--step 3``, this exercise.
+
 Grade it:  python -m tutorials.exercises.grade pipeline_1f1b
 """
 import torch  # noqa: F401  (imports your solution will need)
