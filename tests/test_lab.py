@@ -174,8 +174,12 @@ def test_torchrun_two_hosts(tmp_path):
     assert _mine() == []
 
 
+# The holder takes Ctrl-C whatever it inherited: a suite started in the background by a
+# non-interactive shell (`nohup ... &`) runs with SIGINT ignored, which every child inherits,
+# and Python then installs no KeyboardInterrupt (the SIGINT case waited out its 60 s).
 HOLD = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from collectives.tools import lab
 with lab.Lab(lab.parse_lab("hosts=2")) as built:
     print(built.id, flush=True)
