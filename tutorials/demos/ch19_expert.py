@@ -7,7 +7,9 @@
    (a different number on each): the same parameters as one process holding every expert.
 2. Where the first step's tokens went: the uneven split sizes of the all_to_all.
 3. The bytes each rank sends for one step, counted, against the formula.
+4. The same step as a network's first layer (tokens without a gradient): what it saves.
 """
+import copy
 import sys
 from pathlib import Path
 
@@ -53,9 +55,10 @@ def one_process(n, steps):
     return router, experts
 
 
-def expert_parallel_step(moe, opt, rank, step):
+def expert_parallel_step(moe, opt, rank, step, inside=True):
     x, t = tokens(rank, step)
-    x.requires_grad_()                        # as inside a network: the tokens' gradient goes home too
+    if inside:
+        x.requires_grad_()                    # as inside a network: the tokens' gradient goes home too
     opt.zero_grad()
     loss_of(moe(x), t).backward()
     reduce_router_grads(moe)
@@ -90,6 +93,7 @@ def demo(rank, world_size):
         print(f"   load per expert: {load}; the busiest has {max(load) / mean:.2f} x the mean")
 
     x_step = 3
+    before = copy.deepcopy(moe.state_dict())   # step 4 repeats this step from the same weights
     with collectives.count_traffic() as traffic:
         expert_parallel_step(moe, opt, rank, x_step)
     send, recv = moe.last_counts
@@ -104,6 +108,20 @@ def demo(rank, world_size):
               "+ the router's all_reduce 2(N-1) H e")
         for r, (counted, f, o, i) in enumerate(rows):
             print(f"   rank {r}: counted {counted:6d}, formula {f:6d} (rows out {o:3d}, rows in {i:3d})")
+
+    # 4. the first layer of a network: the tokens are data, no gradient goes back through the
+    # dispatch, so its backward sends nothing (SGD keeps no state: reloading the weights repeats step 3)
+    moe.load_state_dict(before)
+    with collectives.count_traffic() as first:
+        expert_parallel_step(moe, opt, rank, x_step, inside=False)
+    formula = 8 * (n - 1) + H * E * (2 * out + into) + 2 * (n - 1) * H * E
+    firsts = [None] * world_size
+    dist.all_gather_object(firsts, (first.sent_bytes, formula, traffic.sent_bytes))
+    if rank == 0:
+        print("4. the same step as a first layer (tokens without a gradient): 8(N-1) + H e (2 rows out "
+              "+ rows in) + 2(N-1) H e")
+        for r, (counted, f, full) in enumerate(firsts):
+            print(f"   rank {r}: counted {counted:6d}, formula {f:6d}, {100 * counted / full:.0f}% of step 3's")
 
 
 def figure(rank, world_size):
