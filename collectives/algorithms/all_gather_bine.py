@@ -52,7 +52,7 @@ from functools import lru_cache
 from ._cost import NOTHING, Tally, pieces
 from ._util import (first_real_rank, fold, fold_in, fold_out, real_rank, tally_fold_in,
                     tally_fold_out, virtual_rank)
-from .all_reduce_swing import peer, slots
+from .all_reduce_swing import peer, run, slots
 
 AUTO = "measured"   # recursive doubling's figures on a flat switch: its gain is locality
 
@@ -80,21 +80,13 @@ def pairs(n):
     """For each virtual rank v: per step k = 0 .. log2(P)-1 of the reduce-scatter order,
     (peer, v's run R(v, k+1), the peer's run R(peer, k+1)), runs as [lo, hi) in pieces of
     the block-order buffer. ``reduce_scatter_bine`` walks it forwards, this module backwards.
-    (``all_reduce_swing.plan`` gives the same runs; built here level by level, R(v, k) the
-    union of two runs of level k+1, it takes O(P log P), so ``cost`` at N = 4096 is instant.)"""
+    (The runs are ``all_reduce_swing.run``'s, built level by level once per P, so ``cost``
+    at N = 4096 is instant; here they are read in pieces of this buffer.)"""
     p, _ = fold(n)
     order, _ = layout(n)
-    levels = p.bit_length() - 1
-    pos = {u: i for i, u in enumerate(slots(p))}
-    runs = [None] * (levels + 1)
-    runs[levels] = [(pos[v], pos[v] + 1) for v in range(p)]
-    for k in reversed(range(levels)):
-        up = runs[k + 1]
-        runs[k] = [(min(up[v][0], up[q][0]), max(up[v][1], up[q][1]))
-                   for v, q in ((v, peer(v, k, p)) for v in range(p))]
-    piece = lambda run: (order[run[0]], order[run[1]])  # noqa: E731
-    return tuple(tuple((peer(v, k, p), piece(runs[k + 1][v]), piece(runs[k + 1][peer(v, k, p)]))
-                       for k in range(levels)) for v in range(p))
+    piece = lambda lo_hi: (order[lo_hi[0]], order[lo_hi[1]])  # noqa: E731
+    return tuple(tuple((peer(v, k, p), piece(run(v, k + 1, p)), piece(run(peer(v, k, p), k + 1, p)))
+                       for k in range(p.bit_length() - 1)) for v in range(p))
 
 
 def exchanges(n):
