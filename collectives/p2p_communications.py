@@ -224,6 +224,9 @@ class Pending:
                             raise TimeoutError("no completion")
                         time.sleep(0)
                     work.wait()
+                elif comm.shm is not None and not isinstance(work, shm.Work) and comm.shm.in_flight():
+                    # gloo's wait, while this rank's shared-memory messages keep moving
+                    comm.shm.wait_elsewhere(work, left)
                 else:
                     work.wait(timeout=datetime.timedelta(seconds=left))
             except Exception as exc:

@@ -493,6 +493,60 @@ class ShmTransport:
             with self.lock:
                 self.waiters -= 1
 
+    def in_flight(self):
+        """Whether a message of this rank needs this rank to move more of it: a send not yet
+        wholly in its mailbox, or a receive posted or partly read."""
+        with self.lock:
+            return any(self.sends[p] or self.recvs[p] or self.current[p] is not None for p in self.local)
+
+    def wait_elsewhere(self, work, timeout):
+        """Wait for ``work`` of another transport (a gloo message) while moving this one's.
+
+        gloo's messages move in gloo's own threads; ours move only while a thread of this
+        rank moves them. A rank blocked in gloo with a send here half written (the rest
+        does not fit in the mailbox) leaves its peer waiting for the rest, and where that
+        peer's answer is what the gloo wait needs, both wait until the timeout: a program
+        that completes on gloo alone would hang here. Every algorithm that posts sends
+        ahead and then waits on a receive meets it where a group spans hosts (hierarchical
+        all_reduce on 2 hosts x 2 ranks hung so). So gloo's wait runs on a helper thread,
+        bounded by its own ``timeout`` (seconds), and this thread moves our bytes until it
+        ends; whatever gloo raised is raised here.
+        """
+        outcome = []
+
+        def waiter():
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=timeout))
+                outcome.append(None)
+            except BaseException as exc:    # noqa: BLE001 (handed to the waiting thread)
+                outcome.append(exc)
+            finally:
+                self._ring_self()            # wake the mover below at once
+
+        helper = threading.Thread(target=waiter, name="collectives-gloo-wait", daemon=True)
+        helper.start()
+        poller = select.poll()
+        poller.register(self.bell_r, select.POLLIN)
+        with self.lock:
+            self.waiters += 1
+        try:
+            while not outcome:
+                with self.lock:
+                    if self._progress() and self.waiters > 1:
+                        self._ring_self()
+                if outcome:
+                    break
+                # a peer that dies is the gloo wait's to report (it names the message);
+                # this thread only moves bytes, so it sleeps on the doorbell alone
+                poller.poll(int(SLICE * 1000))
+                self._drain()
+        finally:
+            with self.lock:
+                self.waiters -= 1
+        helper.join()
+        if outcome[0] is not None:
+            raise outcome[0]
+
     def _waited_peers(self):
         return [p for p in self.local
                 if self.sends[p] or self.unread[p] or self.recvs[p] or self.current[p] is not None]

@@ -156,3 +156,62 @@ def test_another_network_namespace_is_another_host():
         pytest.skip(f"cannot make a network namespace here: {inside.stderr.strip()[-200:]}")
     assert inside.stdout.strip() != agreed.host_identity()
     assert inside.stdout.split("/")[0] == agreed.host_identity().split("/")[0]   # same machine
+
+
+def two_hosts(rank, split):
+    """Ranks below ``split`` on one pretend host, the rest on another (before the first call):
+    pairs on one host take shared memory, pairs across the two take gloo, as in a lab."""
+    agreed.host_identity = lambda: "host-a" if rank < split else "host-b"
+
+
+def gloo_wait_with_shm_in_flight(rank, n):
+    # ranks 0, 1 share a host; 2 is another. Rank 0 posts a shared-memory send larger than a
+    # mailbox, then blocks on a gloo receive from rank 2, which comes only after rank 1 has the
+    # whole message. On gloo alone (its sends move on their own) this completes; the send's
+    # later pieces must move while rank 0 waits on the other transport.
+    from collectives.p2p_communications import Comm
+    two_hosts(rank, 2)
+    collectives.barrier()                                   # agreement and mailboxes, once
+    comm = Comm(None, "all_reduce", "mixed", seq=1)
+    big = torch.arange(3 * shm.DEFAULT_CAPACITY // 4, dtype=torch.float32)   # 3 mailboxes' worth
+    token = torch.zeros(1)
+    if rank == 0:
+        sending = comm.post(1, sends=[(big, 1)])
+        comm.exchange(2, recvs=[(token, 2)])
+        sending.wait()
+        return token.item()
+    if rank == 1:
+        got = torch.empty_like(big)
+        comm.exchange(1, recvs=[(got, 0)])
+        comm.exchange(3, sends=[(torch.tensor([float(torch.equal(got, big))]), 2)])
+        return float(comm.shm is not None and 0 in comm.shm_peers)
+    comm.exchange(3, recvs=[(token, 1)])
+    comm.exchange(2, sends=[(token, 0)])
+    return float(comm.shm is None or 0 not in comm.shm_peers)
+
+
+def test_a_rank_waiting_on_gloo_keeps_its_shared_memory_messages_moving():
+    # the lab's chapter-15 demo hung this way in CI (hierarchical all_reduce, 2 hosts x 2 ranks)
+    assert run_world(gloo_wait_with_shm_in_flight, 3, env={**SHM, "COLLECTIVES_TIMEOUT": "20"},
+                     timeout=120) == [1.0, 1.0, 1.0]
+
+
+def hierarchical_on_two_hosts(rank, n, numel):
+    two_hosts(rank, n // 2)
+    x = (torch.arange(numel) % 1000).float() * (rank + 1)       # sums exact in float32
+    want = (torch.arange(numel) % 1000).float() * (n * (n + 1) // 2)
+    wrong = []
+    for algorithm in ("hierarchical", "ring", "ring_pipelined", "rabenseifner"):
+        for _ in range(3):
+            y = x.clone()
+            collectives.all_reduce(y, algorithm=algorithm)
+            if not torch.equal(y, want):
+                wrong.append(algorithm)
+    return wrong
+
+
+@pytest.mark.parametrize("n", [4])
+def test_algorithms_that_post_ahead_complete_across_two_transports(n):
+    numel = 4 * shm.DEFAULT_CAPACITY // 4 * n          # several mailboxes' worth per rank
+    env = {**SHM, "COLLECTIVES_TIMEOUT": "30", "LOCAL_WORLD_SIZE": str(n // 2)}
+    assert run_world(hierarchical_on_two_hosts, n, numel, env=env, timeout=200) == [[]] * n
