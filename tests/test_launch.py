@@ -164,6 +164,25 @@ def test_start_hard_timeout_kills_the_world():
     assert _processes_with(marker) == []
 
 
+def _stuck_on_rank_1(rank, world_size):
+    if rank == 1:
+        _waits_for_a_message_that_never_comes()
+
+
+def _waits_for_a_message_that_never_comes():
+    time.sleep(60)
+
+
+def test_a_timeout_names_the_line_each_unfinished_rank_is_stuck_on():
+    with pytest.raises(TimeoutError) as err:
+        launch.run_in_group(_stuck_on_rank_1, 2, start_method="forkserver", preload=["tests.worlds"],
+                            timeout=15)
+    msg = str(err.value)
+    assert "ranks done: [0], failed: []" in msg
+    assert "--- rank 1, every thread's stack" in msg and "--- rank 0" not in msg
+    assert "_waits_for_a_message_that_never_comes" in msg and "test_launch.py" in msg
+
+
 _LEAK_PROGRAM = """
 import multiprocessing as mp, os
 from collectives.tools import launch

@@ -11,7 +11,8 @@ serves every caller:
   calls ``fn(*args)`` in each and returns what each
   returned. When a rank raises or dies, the others are stopped (SIGTERM, then
   SIGKILL) and :class:`WorldError` names the rank that caused it, with its
-  traceback, once. A hard ``timeout`` kills every process instead of hanging.
+  traceback, once. A hard ``timeout`` kills every process instead of hanging, and
+  its error shows where each unfinished rank was: every thread's Python stack.
   Workers die with the launcher (``PR_SET_PDEATHSIG``), so none is orphaned.
 * :func:`run_job`: the command-line form (training, benchmarks): under torchrun
   it calls ``fn`` in this process; otherwise :func:`start_world`, the failure report
@@ -33,12 +34,15 @@ Example::
 """
 import contextlib
 import ctypes
+import faulthandler
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter
@@ -244,9 +248,16 @@ def _environment(env):
         os.environ.update(saved)
 
 
-def _child(rank, env, fn, args, results, netns=None):
+_stack_file = None     # kept open for faulthandler, which writes to its descriptor
+
+
+def _child(rank, env, fn, args, results, netns=None, stacks=None):
+    global _stack_file
     if netns:   # a lab host: enter it before anything opens a socket
         lab_tools.enter(netns)
+    if stacks:  # the launcher's SIGUSR2 at a timeout: every thread's stack, into the rank's file
+        _stack_file = open(os.path.join(stacks, f"{rank}.txt"), "w")
+        faulthandler.register(signal.SIGUSR2, file=_stack_file, all_threads=True)
     os.environ.update({"LOCAL_RANK": str(rank), **env, "RANK": str(rank)})
     _die_with_parent()
     try:
@@ -382,7 +393,8 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
             fit the world (the message says which).
         WorldError: a rank raised or died (the others were stopped), or returned a value that
             cannot be pickled to the launcher (the rank is named).
-        TimeoutError: the world did not finish within ``timeout``.
+        TimeoutError: the world did not finish within ``timeout``; the message holds each
+            unfinished rank's stacks (faulthandler, asked for with SIGUSR2).
     """
     # 0 or -1 ranks returned [] as if a world had run; a float or bool is a caller's mistake.
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -423,11 +435,13 @@ def _start(fn, world_size, args, env, timeout, start_method, preload, lab):
         ctx.set_forkserver_preload(list(preload))
     results = ctx.Queue()
 
+    stacks = tempfile.mkdtemp(prefix="collectives-stacks-")
+
     def child_args(r):
         if not lab:
-            return (r, env, fn, args, results)
+            return (r, env, fn, args, results, None, stacks)
         return (r, {**env, **lab_tools.rank_environment(built, layout, r)}, fn, args, results,
-                built.netns[layout[r]])
+                built.netns[layout[r]], stacks)
 
     procs = [ctx.Process(target=_child, args=child_args(r), daemon=False) for r in range(world_size)]
     # Spawned interpreters see the job's environment from their first import. A forked child
@@ -463,7 +477,8 @@ def _start(fn, world_size, args, env, timeout, start_method, preload, lab):
             if deadline is not None and now > deadline:
                 name = getattr(fn, "__name__", fn)
                 raise TimeoutError(f"{name} on {world_size} ranks did not finish in {timeout:g} s; "
-                                   f"ranks done: {sorted(out)}, failed: {sorted(errors)}")
+                                   f"ranks done: {sorted(out)}, failed: {sorted(errors)}"
+                                   f"{_stacks(procs, stacks, set(out) | set(errors))}")
         if errors:
             first = next(iter(errors))
             # The peers of a failed rank fail within moments; hear them before naming the cause.
@@ -486,7 +501,33 @@ def _start(fn, world_size, args, env, timeout, start_method, preload, lab):
     finally:
         _stop(procs)
         del store
+        shutil.rmtree(stacks, ignore_errors=True)
     return [out.get(r) for r in range(world_size)]
+
+
+def _stacks(procs, directory, finished, lines=60):
+    """Where each unfinished rank is when the time runs out: every thread's Python stack
+    (faulthandler, on SIGUSR2), the last ``lines`` of each rank's, for the timeout's message.
+    A hang in CI is then named by its line, not only by its duration."""
+    asked = []
+    for r, p in enumerate(procs):
+        if r not in finished and p.is_alive():
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGUSR2)
+                asked.append(r)
+    if not asked:
+        return ""
+    time.sleep(1.0)       # faulthandler writes from the signal handler at once; allow a loaded machine
+    parts = []
+    for r in asked:
+        try:
+            with open(os.path.join(directory, f"{r}.txt")) as f:
+                text = f.read().strip().splitlines()
+        except OSError:
+            text = []
+        shown = "\n".join(text[-lines:]) if text else "(no stack: the rank did not answer SIGUSR2)"
+        parts.append(f"\n--- rank {r}, every thread's stack (most recent call first):\n{shown}")
+    return "\n" + "".join(parts)
 
 
 def _stop(procs):
