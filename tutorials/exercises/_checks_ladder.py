@@ -11,13 +11,26 @@ step's exercise (its file, its function, its check):
    receives micro-batch i's activation from the previous stage, computes, sends to the next.
    Graded in worlds of processes like every exercise (results, deadlock, traffic).
 3. ``pipeline_1f1b``: both together, in the order of step 1.
+
+``fsdp_step``'s ladder (chapter 18), each graded in worlds of processes on one layer whose
+size N does not divide (25, 1 and 11 values), so the padding matters:
+
+1. ``fsdp_step_gather(shard, shapes)``: this rank's piece of the layer's padded flat vector
+   in, the layer's tensors out (all-gather, padding cut off, each viewed as its shape).
+2. ``fsdp_step_reduce_scatter(grads)``: this rank's gradients in, its piece of their
+   average out (flattened, padded to N x k, reduce-scattered, divided by N).
+3. ``fsdp_step``: both, layer by layer, in a forward and a backward.
 """
+import math
 import os
 import traceback
 
+import torch
+
 from tutorials.exercises import _routes
 
-LADDERS = {"pipeline_1f1b": ["pipeline_1f1b_order", "pipeline_1f1b_forward", "pipeline_1f1b"]}
+LADDERS = {"pipeline_1f1b": ["pipeline_1f1b_order", "pipeline_1f1b_forward", "pipeline_1f1b"],
+           "fsdp_step": ["fsdp_step_gather", "fsdp_step_reduce_scatter", "fsdp_step"]}
 
 
 def _checks():
@@ -122,4 +135,163 @@ class Pipeline1F1BForward:
                               chapter=self.chapter)
 
 
-CHECKS = {"pipeline_1f1b_order": Pipeline1F1BOrder(), "pipeline_1f1b_forward": Pipeline1F1BForward()}
+# --- fsdp_step's steps --------------------------------------------------------------------------
+
+# One layer's parameter shapes per case: 25, 1 and 11 values, none a multiple of 2 or 3 (so on
+# 2 and 3 ranks the flat vector ends in padding), the second fewer values than ranks.
+FSDP_STEP_LAYERS = [[(5, 4), (5,)], [(1,)], [(2, 3), (3,), (2,)]]
+FSDP_CHAPTER = "chapter 18 (tutorials/18_fully_sharded.md)"
+
+
+def _layer_cases(quick):
+    shapes = FSDP_STEP_LAYERS[:2] if quick else FSDP_STEP_LAYERS
+    return [dict(shapes=s, salt=salt) for salt, s in enumerate(shapes)]
+
+
+def _layer_label(case):
+    numel = sum(math.prod(s) for s in case["shapes"])
+    return (f"one float64 layer of shapes {', '.join(str(list(s)) for s in case['shapes'])} ({numel} "
+            f"value{'s' if numel != 1 else ''}) cut into {{n}} pieces")
+
+
+def _layout(case, n):
+    """(numel, k, padding) of the case's layer cut into n pieces."""
+    numel = sum(math.prod(s) for s in case["shapes"])
+    k = math.ceil(numel / n)
+    return numel, k, n * k - numel
+
+
+def _owned(case, n):
+    """The layer's padded flat vector: value 100 r + j + 1 at offset j of rank r's piece, 0 in the
+    padding, so a wrong value says whose piece (and where in it) it came from."""
+    numel, k, _ = _layout(case, n)
+    j = torch.arange(n * k)
+    values = (100 * (j // k) + j % k + 1).to(torch.float64)
+    values[numel:] = 0
+    return values
+
+
+def _layer_need(case, n, what):
+    if n == 1:
+        return None
+    _, k, _ = _layout(case, n)
+    return _checks().Need(sent_bytes=(n - 1) * k * 8, sent_messages=n - 1,
+                          ideal=f"(N-1) x k x 8 = {(n - 1) * k * 8} bytes in N-1 = {n - 1} messages "
+                                f"(k = {k} values a piece)",
+                          algorithm=f"one ring {what}", chapter=FSDP_CHAPTER)
+
+
+class FsdpStepGather:
+    chapter = FSDP_CHAPTER
+
+    def cases(self, n, quick):
+        return _layer_cases(quick)
+
+    def label(self, case):
+        return _layer_label(case)
+
+    def run(self, fn, case, rank, n):
+        shapes = [tuple(s) for s in case["shapes"]]
+        numel, k, pad = _layout(case, n)
+        padded = _owned(case, n)
+        shard = padded[rank * k:(rank + 1) * k].clone()
+        handed = shard.clone()
+        got = fn(handed, list(shapes))
+        expected = [part.view(shape) for part, shape in zip(padded[:numel].split([math.prod(s) for s in shapes]),
+                                                             shapes)]
+        layout = (f"(the layer's {numel} values padded with {pad} zero{'s' if pad != 1 else ''} to N x k = "
+                  f"{n * k}, k = ceil({numel} / {n}) = {k}; rank r's piece holds 100 r + 1, 100 r + 2, ...)")
+        if isinstance(got, torch.Tensor) or not isinstance(got, (list, tuple)) or len(got) != len(expected):
+            what = (f"one tensor of {got.numel()} values" if isinstance(got, torch.Tensor)
+                    else f"{type(got).__name__}" + (f" of {len(got)}" if isinstance(got, (list, tuple)) else ""))
+            lines = [f"returned {what}, not a list of {len(expected)} tensors of shapes "
+                     f"{', '.join(str(list(s)) for s in shapes)} (one per shape, in order)"]
+            if isinstance(got, torch.Tensor) and got.numel() == n * k:
+                lines.append(f"that is the gathered flat vector itself {layout}: cut off the padding and "
+                             f"view each tensor's part as its shape")
+            return _checks().untouched({"ok": False, "lines": lines}, [("shard", shard, handed)])
+        report = _checks().compare([(f"tensors[{i}]", e, g) for i, (e, g) in enumerate(zip(expected, got))])
+        if not report["ok"]:
+            report["lines"].append(layout)
+            hint = self.mistake(expected, got, numel, k, n)
+            if hint:
+                report["lines"].append(hint)
+        return _checks().untouched(report, [("shard", shard, handed)])
+
+    def mistake(self, expected, got, numel, k, n):
+        """The likely mistake behind wrong tensors, in words, or None."""
+        for i, (e, g) in enumerate(zip(expected, got)):
+            if not isinstance(g, torch.Tensor) or _checks().same(e, g):
+                continue
+            flat = g.detach().reshape(-1)
+            if flat.numel() > e.numel() and torch.equal(flat[:e.numel()], e.reshape(-1)) \
+                    and not bool(flat[e.numel():].ne(0).any()):
+                return (f"(tensors[{i}] ends with the {flat.numel() - e.numel()} zeros of the padding: the "
+                        f"padding is the tail of the flat vector, past the last tensor; cut the gathered "
+                        f"vector to its first numel = {numel} values, full[:{numel}], before splitting it)")
+            if flat.numel() == e.numel() and torch.equal(flat, e.reshape(-1)):
+                return f"(tensors[{i}] holds the right values in the wrong shape: view it as {list(e.shape)})"
+            if flat.numel() == e.numel() and flat.dtype == e.dtype:
+                owners = sorted({int(v) // 100 for v in flat.tolist() if v > 0})
+                want = sorted({int(v) // 100 for v in e.reshape(-1).tolist() if v > 0})
+                if owners != want:
+                    return (f"(tensors[{i}] holds values of rank{'s' if len(owners) != 1 else ''} "
+                            f"{', '.join(map(str, owners))}'s piece{'s' if len(owners) != 1 else ''} where "
+                            f"rank{'s' if len(want) != 1 else ''} {', '.join(map(str, want))}'s belong: piece r "
+                            f"of the gathered vector is full[r*k:(r+1)*k], k = {k})")
+        return None
+
+    def need(self, case, n):
+        return _layer_need(case, n, "all-gather")
+
+
+class FsdpStepReduceScatter:
+    chapter = FSDP_CHAPTER
+
+    def cases(self, n, quick):
+        return _layer_cases(quick)
+
+    def label(self, case):
+        return _layer_label(case)
+
+    def grads(self, rank, case):
+        """Rank ``rank``'s gradients: 10 (r + 1) + small values, so the sum over ranks shows in each."""
+        numel = sum(math.prod(s) for s in case["shapes"])
+        j = torch.arange(numel)
+        flat = (10 * (rank + 1) + (j * 3 + case["salt"]) % 7).to(torch.float64)
+        return [part.view(s) for part, s in zip(flat.split([math.prod(s) for s in case["shapes"]]),
+                                                case["shapes"])]
+
+    def run(self, fn, case, rank, n):
+        numel, k, pad = _layout(case, n)
+        grads = self.grads(rank, case)
+        handed = [g.clone() for g in grads]
+        got = fn(handed)
+        # the single-process reference: each rank's flat gradient, padded, cut, averaged
+        terms = []
+        for r in range(n):
+            flat = torch.cat([g.reshape(-1) for g in self.grads(r, case)] + [torch.zeros(pad, dtype=torch.float64)])
+            terms.append(flat[rank * k:(rank + 1) * k] / n)
+        expected = sum(terms)
+        report = _checks().compare([("piece", expected, got)])
+        report = _checks().pattern(report, expected, got, terms, rank, "the piece")
+        if not report["ok"]:
+            layout = (f"(k = ceil(numel / N) = ceil({numel} / {n}) = {k} values a piece: the flat gradient "
+                      f"padded with {pad} zero{'s' if pad != 1 else ''} to N x k = {n * k}; rank r keeps "
+                      f"values r x k to (r+1) x k - 1, averaged over the ranks)")
+            report["lines"].append(layout)
+            if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == numel // n and pad:
+                lost = numel - n * (numel // n)
+                report["lines"].append(
+                    f"(a piece of numel // N = {numel // n} values: cut that way, the last {lost} "
+                    f"value{'s' if lost != 1 else ''} of the gradient belong{'s' if lost == 1 else ''} to no rank; "
+                    f"pad the flat gradient with N x k - numel = {pad} zeros and cut pieces of k = {k})")
+        before = [(f"grads[{i}]", g, h) for i, (g, h) in enumerate(zip(grads, handed))]
+        return _checks().untouched(report, before)
+
+    def need(self, case, n):
+        return _layer_need(case, n, "reduce-scatter")
+
+
+CHECKS = {"pipeline_1f1b_order": Pipeline1F1BOrder(), "pipeline_1f1b_forward": Pipeline1F1BForward(),
+          "fsdp_step_gather": FsdpStepGather(), "fsdp_step_reduce_scatter": FsdpStepReduceScatter()}
