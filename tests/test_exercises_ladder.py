@@ -68,7 +68,7 @@ def test_step_on_the_command_line(capsys):
     assert capsys.readouterr().out.startswith("PASS pipeline_1f1b_order:")
     assert main(["pipeline_1f1b", "--step", "1"]) == 1     # the stub
     assert capsys.readouterr().out.startswith("NOT WRITTEN pipeline_1f1b_order:")
-    for wrong in (["fsdp_step", "--step", "1"], ["pipeline_1f1b", "--step", "4"]):
+    for wrong in (["all_reduce", "--step", "1"], ["pipeline_1f1b", "--step", "4"]):
         with pytest.raises(SystemExit):
             main(wrong)
     assert "pipeline_1f1b has steps 1 to 3" in capsys.readouterr().err
