@@ -20,6 +20,15 @@ size N does not divide (25, 1 and 11 values), so the padding matters:
 2. ``fsdp_step_reduce_scatter(grads)``: this rank's gradients in, its piece of their
    average out (flattened, padded to N x k, reduce-scattered, divided by N).
 3. ``fsdp_step``: both, layer by layer, in a forward and a backward.
+
+``moe_dispatch``'s ladder (chapter 19), on moe_dispatch's own routings (a rank with no
+tokens, every token to the last expert, skewed):
+
+1. ``moe_dispatch_counts(expert_of)``: the tokens this rank sends to each expert, and the
+   counts exchanged, so that each rank knows how many rows each other rank sends it.
+2. ``moe_dispatch_tokens(tokens, expert_of, send, recv)``: the counts given, the tokens sent
+   to their experts in uneven pieces.
+3. ``moe_dispatch``: both.
 """
 import math
 import os
@@ -30,7 +39,8 @@ import torch
 from tutorials.exercises import _routes
 
 LADDERS = {"pipeline_1f1b": ["pipeline_1f1b_order", "pipeline_1f1b_forward", "pipeline_1f1b"],
-           "fsdp_step": ["fsdp_step_gather", "fsdp_step_reduce_scatter", "fsdp_step"]}
+           "fsdp_step": ["fsdp_step_gather", "fsdp_step_reduce_scatter", "fsdp_step"],
+           "moe_dispatch": ["moe_dispatch_counts", "moe_dispatch_tokens", "moe_dispatch"]}
 
 
 def _checks():
@@ -293,5 +303,118 @@ class FsdpStepReduceScatter:
         return _layer_need(case, n, "reduce-scatter")
 
 
+# --- moe_dispatch's steps -------------------------------------------------------------------------
+
+def _moe():
+    from tutorials.exercises._checks_parallel_b import MoeDispatch
+    return MoeDispatch()
+
+
+def _ints(value):
+    """``value`` as an int64 tensor where it is a list or tensor of ints, else as it was (compare says what)."""
+    try:
+        return torch.as_tensor(value, dtype=torch.int64) if not isinstance(value, torch.Tensor) else value
+    except (TypeError, ValueError, RuntimeError):
+        return value
+
+
+class MoeDispatchCounts:
+    chapter = "chapter 19 (tutorials/19_expert_parallelism.md)"
+
+    def cases(self, n, quick):
+        return _moe().cases(n, quick)
+
+    def label(self, case):
+        return _moe().label(case).replace(f"tokens float64[T, {case['hidden']}], T", "expert_of int64[T], T")
+
+    def run(self, fn, case, rank, n):
+        moe = _moe()
+        experts = [moe.inputs(j, n, case)[1] for j in range(n)]
+        expert = experts[rank]
+        send = torch.bincount(expert, minlength=n)
+        recv = torch.tensor([int((e == rank).sum()) for e in experts])
+        handed = expert.clone()
+        result = fn(handed)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            return {"ok": False, "lines": [f"expected (send, recv), found {type(result).__name__}"]}
+        got_send, got_recv = (_ints(v) for v in result)
+        report = _checks().compare([("send", send, got_send), ("recv", recv, got_recv)])
+        if not report["ok"]:
+            report["lines"].append(f"(send[j]: how many of this rank's tokens go to expert j; recv[j]: how many "
+                                   f"rank j's expert_of sends to expert {rank}, this rank; the tokens are T by "
+                                   f"rank {case['tokens']}, expert_of ids in 0..{n - 1})")
+            if isinstance(got_send, torch.Tensor) and got_send.dim() == 1 and got_send.numel() < n:
+                report["lines"].append(f"(send has {got_send.numel()} entries, not N = {n}: "
+                                       f"torch.bincount stops at the highest expert used; pass minlength=N)")
+            if (isinstance(got_recv, torch.Tensor) and got_recv.shape == send.shape
+                    and torch.equal(got_recv, send) and not torch.equal(send, recv)):
+                report["lines"].append("(recv is this rank's own send: the counts were not exchanged; rank j's "
+                                       "send[r] is rank r's recv[j], so send send[j] to rank j and receive "
+                                       "recv[j] from it)")
+        return _checks().untouched(report, [("expert_of", expert, handed)])
+
+    def need(self, case, n):
+        if n == 1:
+            return None
+        return _checks().Need(sent_bytes=8 * (n - 1), sent_messages=n - 1,
+                              ideal=f"N-1 = {n - 1} messages of 8 bytes (one count to each other rank)",
+                              algorithm="the exchange of the counts", chapter=self.chapter)
+
+
+class MoeDispatchTokens:
+    chapter = "chapter 19 (tutorials/19_expert_parallelism.md)"
+
+    def cases(self, n, quick):
+        return _moe().cases(n, quick)
+
+    def label(self, case):
+        return _moe().label(case)
+
+    def run(self, fn, case, rank, n):
+        moe = _moe()
+        everyone = [moe.inputs(j, n, case) for j in range(n)]
+        tokens, expert = everyone[rank]
+        send = torch.bincount(expert, minlength=n)
+        recv = torch.tensor([int((e == rank).sum()) for _, e in everyone])
+        expected = torch.cat([t[e == rank] for t, e in everyone])
+        handed = [tokens.clone(), expert.clone(), send.clone(), recv.clone()]
+        received = fn(*handed)
+        report = _checks().compare([("received", expected, received)])
+        if not report["ok"]:
+            report["lines"].append(f"(a token's values are 100000 x its rank + 100 x its row + its column; "
+                                   f"received holds the rows routed to expert {rank}, rank 0's first, each "
+                                   f"rank's in its own order; recv = {recv.tolist()} rows from each rank)")
+            hint = self.mistake(received, expected, everyone, rank)
+            if hint:
+                report["lines"].append(hint)
+        before = [("tokens", tokens, handed[0]), ("expert_of", expert, handed[1]), ("send", send, handed[2]),
+                  ("recv", recv, handed[3])]
+        return _checks().untouched(report, before)
+
+    def mistake(self, received, expected, everyone, rank):
+        """Name a received row that belongs to another expert (pieces cut before sorting), or None."""
+        if not isinstance(received, torch.Tensor) or received.shape != expected.shape \
+                or received.dtype != expected.dtype or not received.numel():
+            return None
+        for value in received[:, 0].tolist():
+            j, row = int(value) // 100000, int(value) % 100000 // 100
+            if 0 <= j < len(everyone) and row < len(everyone[j][1]) and int(everyone[j][1][row]) != rank:
+                return (f"(received holds rank {j}'s row {row}, which rank {j} routes to expert "
+                        f"{int(everyone[j][1][row])}, not {rank}: cut the pieces from the tokens sorted by "
+                        f"expert, tokens[expert_of.argsort(stable=True)].split(send.tolist()))")
+        return None
+
+    def need(self, case, n):
+        whole = _moe().need(case, n)
+        if whole is None:
+            return None
+        bound = whole.sent_bytes - 8 * (n - 1)      # the dispatch less its counts: given here
+        return _checks().Need(sent_bytes=bound, sent_messages=n - 1,
+                              ideal=f"at most {bound} bytes in N-1 = {n - 1} messages (each token once, to "
+                                    f"its expert's rank only, no padding)",
+                              algorithm="the dispatch of the tokens", chapter=self.chapter)
+
+
 CHECKS = {"pipeline_1f1b_order": Pipeline1F1BOrder(), "pipeline_1f1b_forward": Pipeline1F1BForward(),
-          "fsdp_step_gather": FsdpStepGather(), "fsdp_step_reduce_scatter": FsdpStepReduceScatter()}
+          "fsdp_step_gather": FsdpStepGather(), "fsdp_step_reduce_scatter": FsdpStepReduceScatter(),
+          "moe_dispatch_counts": MoeDispatchCounts(), "moe_dispatch_tokens": MoeDispatchTokens()}

@@ -833,6 +833,7 @@ DIFFICULTY = {
     "fsdp_step": (3, 60), "moe_dispatch": (3, 60), "ring_attention": (3, 60), "ring_attention_zigzag": (3, 90),
     "pipeline_1f1b_order": (1, 15), "pipeline_1f1b_forward": (2, 20),    # pipeline_1f1b's steps 1 and 2
     "fsdp_step_gather": (1, 15), "fsdp_step_reduce_scatter": (2, 20),     # fsdp_step's steps 1 and 2
+    "moe_dispatch_counts": (1, 15), "moe_dispatch_tokens": (2, 25),       # moe_dispatch's steps 1 and 2
 }
 NUMERIC_DIFFICULTY = (1, 10)
 
