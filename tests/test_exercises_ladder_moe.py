@@ -13,7 +13,8 @@ WRONG_CASES = [
       "rank 0: send: [2, 1, 2]  ok", "recv: expected [2, 0, 5]", "received [2, 1, 2]",
       "recv is this rank's own send: the counts were not exchanged"]),
     ("moe_dispatch_counts", "moe_dispatch_counts_builtin", (2,), "builtin",
-     ["it calls dist.all_to_all_single (line 9 of moe_dispatch_counts_builtin.py: dist.all_to_all_single(recv, send))"]),
+     ["it calls dist.all_to_all_single (line 9 of moe_dispatch_counts_builtin.py: "
+      "dist.all_to_all_single(recv, send))"]),
     ("moe_dispatch_tokens", "moe_dispatch_tokens_unsorted", (3,), "wrong",
      ["rank 1: received: expected [400, 401, 402]", "received [200, 201, 202]",
       "a token's values are 100000 x its rank + 100 x its row + its column",
@@ -61,6 +62,6 @@ def test_steps_on_the_command_line(capsys):
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("moe_dispatch "))
     assert lines[at + 1].split()[:6] == ["--step", "1", "19", "*..", "15", "min"]
-    assert "moe_dispatch_counts: Send = torch.bincount(expert_of, minlength=N)" in lines[at + 1]
+    assert "moe_dispatch_counts: Count with send = torch.bincount(expert_of, minlength=N)" in lines[at + 1]
     assert lines[at + 2].split()[:6] == ["--step", "2", "19", "**.", "25", "min"]
     assert "moe_dispatch_tokens: Sort the tokens by expert" in lines[at + 2]

@@ -14,7 +14,8 @@ tutorials.exercises.all_gather import all_gather``; the built-in ``dist.all_gath
 switched off while grading) into a flat vector of N x k: piece r is ``full[r*k:(r+1)*k]``.
 Then cut off the padding, ``full[:numel]`` (numel = the product of each shape, summed), and
 split the rest at each tensor's size, viewing each part as its shape. The padding is zero
-only when N divides numel: the grader uses layers of 25, 1 and 11 values on 1, 2 and 3 ranks.
+only when N divides numel: the grader's layers hold 25, 1 and 11 values, none a multiple of
+2 or 3.
 
 Traffic to reach: one all-gather of the pieces: (N-1) x k x 8 bytes per rank in N-1
 messages (float64).

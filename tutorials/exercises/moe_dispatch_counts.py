@@ -8,7 +8,7 @@ token moves yet: step 2 sends them, in pieces of exactly these sizes.
 
 Read: chapter 19, tutorials/19_expert_parallelism.md.
 
-Hint: ``send = torch.bincount(expert_of, minlength=N)`` (without minlength it stops at the
+Hint: count with ``send = torch.bincount(expert_of, minlength=N)`` (without minlength it stops at the
 highest expert used). Rank j's ``send[r]`` is rank r's ``recv[j]``: exchange them pairwise, as
 in the all_to_all exercise: at step s = 1 .. N-1 send ``send[r + s]`` (a one-element slice,
 ``send[to:to + 1]``) to rank r + s and receive ``recv[r - s]`` from rank r - s (mod N), posted
