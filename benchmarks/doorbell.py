@@ -1,0 +1,593 @@
+"""Doorbells: which wake-up the shared-memory door should ring, measured (issue 37).
+
+**What it measures.** ``collectives/shm.py`` moves bytes through mailboxes in shared
+memory and needs one more thing from the kernel: a way to wake a receiver that sleeps.
+Two processes (a pair) ping-pong a wake-up through each *mechanism*: A rings B's bell
+and sleeps on its own; B, woken, rings A's. One round trip is two wake-ups; A times it
+with ``time.perf_counter_ns``. ``--pairs P`` runs P pairs at once (2P processes): on a
+2-core machine ``--pairs 2`` is four processes on two cores, the "ranks outnumber cores"
+case, where a waiter that spins would steal the core its peer needs.
+
+**Mechanisms** (one bell per direction; every wait sleeps in the kernel, none spins):
+
+========  ===============================================  ================  ===========================
+name      ring / wait (system calls per wake)              descriptors       a peer that dies
+========  ===============================================  ================  ===========================
+fifo      as shm.py does it: ``write`` one byte to a       1 per bell        its pidfd, polled beside
+          named FIFO; the waiter ``poll``s its read end                      the bell, wakes the waiter
+          (opened ``O_RDWR|O_NONBLOCK``: never end of                        at once
+          file) and drains it with ``read`` until
+          ``EAGAIN``: 1 / 3 (poll, read, read)             (+1 to ring)
+pipe      the same kernel object unnamed (``pipe2``),      2 per bell        pidfd beside it, as fifo
+          drained with one ``read``: 1 / 2
+eventfd   ``eventfd_write(1)`` / ``poll`` + one            1 per bell        pidfd beside it, as fifo
+          ``eventfd_read`` (the counter: every ring
+          since the last read, in 8 bytes): 1 / 2
+socket    a unix datagram ``socketpair``: ``send`` one     2 per bell pair   pidfd beside it, as fifo
+          byte / ``poll`` + one ``recv``: 1 / 2
+futex     a 32-bit sequence number in a shared ``mmap``:   none              cannot be polled: the
+          the ringer increments it and calls                                 waiter must wake on a
+          ``FUTEX_WAKE``; the waiter calls ``FUTEX_WAIT``                    timeout (here every 50 ms,
+          while it holds the value it last saw: 1 / 1                        as shm.py's ``SLICE``) and
+          (none when the word changed before the wait)                       ask ``kill(pid, 0)``
+========  ===============================================  ================  ===========================
+
+A named FIFO (or a unix socket bound to a path) is what lets ``shm.py`` set up between
+processes that share no ancestor: each rank opens its peers' bells by name. An eventfd
+or a socketpair exists only as a descriptor and must be handed over (``SCM_RIGHTS`` over
+a unix socket, or ``pidfd_getfd``); here they are inherited through ``fork``. A futex
+needs no descriptor but no ``poll`` either, so it cannot sleep on a bell and on the
+peers' pidfds at once: dead-peer detection becomes a timeout (a 50 ms wake-up per
+waiter, and up to 50 ms before a death is seen), where today a pidfd names the peer at once.
+
+**Steps** (one run):
+
+1. The parent makes every pair's bells (both directions, every mechanism), then forks B
+   and A of each pair and unlinks the FIFOs (the open descriptors keep them): nothing
+   is left in the file system.
+2. Every process waits at a start line (its own pipe), then runs ``-w + -n``
+   iterations. Iteration i runs every mechanism once, in an order rotated by i, so
+   load from elsewhere on the machine hits all mechanisms alike (as the sweep does).
+   A: ring B, sleep until woken; B: sleep until woken, ring A.
+3. Each side counts the wake-ups its waits consumed (bytes drained, the eventfd's
+   counter, datagrams, steps of the futex word). A wait that is not woken within
+   ``--timeout`` seconds is a lost wake: the process stops, its peer sees it die, and
+   the run fails. Every mechanism must deliver ``2 x P x (w + n)`` wakes.
+4. The parent prints, per ``--pairs`` value and mechanism: the median, p90 and p99
+   round trip in microseconds over every pair's samples, ``vs_fifo`` (the median over
+   iterations of round trip / the FIFO's round trip of the same iteration and pair:
+   ``benchmarks.common.paired_ratio``), the CPU both processes spent per round trip
+   (thread CPU time: far below the round trip when nobody spins) and the wakes
+   delivered. Rows go to ``--out``/doorbell.csv and .json with the machine and its load.
+
+**Worked example**, ``--pairs 2`` on 2 cores: four processes; at any moment each pair has
+one process awake (the one ringing) and one asleep, so two runnable processes share
+two cores. A mechanism that spun in its wait would keep four runnable, and each wake
+would wait for a time slice instead of a few microseconds.
+
+``cost()`` gives a mechanism's system calls per wake and descriptors per bell.
+
+Usage::
+
+    python -m benchmarks.doorbell -n 2000 -w 100 --pairs 1,2
+
+The program imports no torch (it measures the operating system), and forks: Linux only
+(``os.eventfd``, ``os.pidfd_open`` and the futex system call are Linux's; the futex is
+called by number, known here for x86-64 only: elsewhere it is skipped with a line
+saying so). Citation: futex(2), eventfd(2), pipe(7), unix(7), pidfd_open(2);
+U. Drepper, "Futexes Are Tricky", 2011.
+"""
+import argparse
+import csv
+import ctypes
+import errno
+import json
+import mmap
+import os
+import platform
+import select
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+MECHANISMS = ("fifo", "pipe", "eventfd", "socket", "futex")
+BASELINE = "fifo"
+SLICE = 0.05                   # seconds a waiter sleeps before it checks its peer and deadline
+SYS_FUTEX = {"x86_64": 202}    # the futex system call's number, per architecture we know
+FUTEX_WAIT, FUTEX_WAKE = 0, 1  # not FUTEX_PRIVATE_FLAG: the word is shared between processes
+WORD_GAP = 64                  # the two directions' futex words on separate cache lines
+
+
+def cost(mechanism):
+    """System calls one wake costs, and the descriptors a bell holds.
+
+    Returns:
+        dict: ``ring`` (calls by the ringer), ``wait`` (calls by a waiter that was
+        asleep), ``fds`` (descriptors a bell keeps open in a process that holds both
+        ends), ``pollable`` (whether its wait can sleep beside a peer's pidfd).
+
+    Example::
+
+        >>> cost("fifo")["wait"]     # poll, read, read (until EAGAIN)
+        3
+        >>> cost("futex")["pollable"]
+        False
+    """
+    table = {
+        "fifo": {"ring": 1, "wait": 3, "fds": 2, "pollable": True},
+        "pipe": {"ring": 1, "wait": 2, "fds": 2, "pollable": True},
+        "eventfd": {"ring": 1, "wait": 2, "fds": 1, "pollable": True},
+        "socket": {"ring": 1, "wait": 2, "fds": 1, "pollable": True},
+        "futex": {"ring": 1, "wait": 1, "fds": 0, "pollable": False},
+    }
+    return dict(table[mechanism])
+
+
+class Lost(RuntimeError):
+    """A wait that nobody woke within the timeout: the mechanism lost a wake."""
+
+
+class PeerDied(RuntimeError):
+    """The process on the other end exited while this one waited for it."""
+
+
+def available():
+    """{mechanism: None if it runs here, else why not}."""
+    why = {m: None for m in MECHANISMS}
+    if not hasattr(os, "eventfd"):
+        why["eventfd"] = "os.eventfd needs Linux and Python 3.10"
+    if platform.machine() not in SYS_FUTEX:
+        why["futex"] = f"the futex system call's number is known here for x86-64 only, not {platform.machine()}"
+    return why
+
+
+# ---------------------------------------------------------------- bells (made in the parent)
+
+def make_bell(mechanism, tmp):
+    """One direction's bell, made before the fork so both processes inherit it: a dict with
+    the descriptors or the shared word it needs."""
+    if mechanism == "fifo":
+        path = os.path.join(tmp, f"bell-{os.urandom(4).hex()}")
+        os.mkfifo(path, 0o600)
+        # shm.py's way: the read end first (else the write end's open fails with ENXIO),
+        # O_RDWR so that it never sees end of file when the last writer closes
+        r = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        w = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        os.unlink(path)
+        return {"r": r, "w": w}
+    if mechanism == "pipe":
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        return {"r": r, "w": w}
+    if mechanism == "eventfd":
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        return {"r": fd, "w": fd}
+    if mechanism == "socket":
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        a.setblocking(False)
+        b.setblocking(False)
+        return {"r": b, "w": a}
+    if mechanism == "futex":
+        return {"word": None}   # placed in the pair's shared page by make_pair
+    raise ValueError(f"unknown mechanism {mechanism!r}; known: {', '.join(MECHANISMS)}")
+
+
+def make_pair(mechanisms, tmp):
+    """Both directions of every mechanism for one pair: {mechanism: (A->B bell, B->A bell)}."""
+    page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_SHARED)   # inherited through fork
+    bells = {}
+    for m in mechanisms:
+        ab, ba = make_bell(m, tmp), make_bell(m, tmp)
+        if m == "futex":
+            ab["word"] = ctypes.c_uint32.from_buffer(page, 0)
+            ba["word"] = ctypes.c_uint32.from_buffer(page, WORD_GAP)
+        bells[m] = (ab, ba)
+    bells["_page"] = page
+    return bells
+
+
+# ---------------------------------------------------------------- ringing and waiting (in a child)
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _futex_call():
+    libc = ctypes.CDLL(None, use_errno=True)
+    call = libc.syscall
+    call.restype = ctypes.c_long
+    call.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32,
+                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32]
+    return call
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def arm(mechanism, ring_bell, wait_bell, peer_pid, pidfd, timeout):
+    """(ring, wait) for one process: ``ring()`` wakes the peer; ``wait()`` sleeps until
+    woken and returns how many rings it consumed (1 in a ping-pong), or raises
+    :class:`Lost` after ``timeout`` s and :class:`PeerDied` when the peer exits."""
+    if mechanism == "futex":
+        return _arm_futex(ring_bell["word"], wait_bell["word"], peer_pid, timeout)
+    w, r = ring_bell["w"], wait_bell["r"]
+    if mechanism in ("fifo", "pipe"):
+        def ring():
+            try:
+                os.write(w, b"!")
+            except BlockingIOError:
+                pass        # the pipe is full of rings already: the peer will wake
+
+        if mechanism == "fifo":
+            def take():     # shm.py's _drain: read until EAGAIN
+                n = 0
+                try:
+                    while True:
+                        got = os.read(r, 4096)
+                        if not got:
+                            break
+                        n += len(got)
+                except BlockingIOError:
+                    pass
+                return n
+        else:
+            def take():     # one read takes every pending byte up to 4096
+                try:
+                    return len(os.read(r, 4096))
+                except BlockingIOError:
+                    return 0
+    elif mechanism == "eventfd":
+        def ring():
+            os.eventfd_write(w, 1)
+
+        def take():
+            try:
+                return os.eventfd_read(r)
+            except BlockingIOError:
+                return 0
+    elif mechanism == "socket":
+        def ring():
+            try:
+                w.send(b"!")
+            except BlockingIOError:
+                pass
+
+        def take():
+            try:
+                return len(r.recv(64))
+            except BlockingIOError:
+                return 0
+    else:
+        raise ValueError(f"unknown mechanism {mechanism!r}")
+    fd = r if isinstance(r, int) else r.fileno()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+
+    def wait():
+        deadline = time.monotonic() + timeout
+        while True:
+            events = poller.poll(int(SLICE * 1000))
+            for f, _ in events:
+                if f == fd:
+                    n = take()
+                    if n:
+                        return n
+            if any(f == pidfd for f, _ in events):
+                n = take()      # a ring it sent before it died still counts
+                if n:
+                    return n
+                raise PeerDied(f"pid {peer_pid} exited while this process waited for its {mechanism} ring")
+            if not events:
+                if pidfd is None and not _alive(peer_pid):
+                    raise PeerDied(f"pid {peer_pid} exited while this process waited for its {mechanism} ring")
+                if time.monotonic() > deadline:
+                    raise Lost(f"{mechanism}: no ring within {timeout:g} s")
+    return ring, wait
+
+
+def _arm_futex(ring_word, wait_word, peer_pid, timeout):
+    call = _futex_call()
+    nr = SYS_FUTEX[platform.machine()]
+    ring_addr, wait_addr = ctypes.addressof(ring_word), ctypes.addressof(wait_word)
+    slice_ts = _Timespec(0, int(SLICE * 1e9))
+    seen = [wait_word.value]
+
+    def ring():
+        # one writer per word: a plain store is atomic on x86-64 for an aligned 32-bit word
+        ring_word.value = (ring_word.value + 1) & 0xFFFFFFFF
+        call(nr, ring_addr, FUTEX_WAKE, 1, None, None, 0)
+
+    def wait():
+        deadline = time.monotonic() + timeout
+        while True:
+            now = wait_word.value
+            if now != seen[0]:
+                n = (now - seen[0]) & 0xFFFFFFFF
+                seen[0] = now
+                return n
+            # sleeps only while the word still holds `seen`: a ring between the load above
+            # and this call makes the kernel return EAGAIN at once, so no wake is lost
+            if call(nr, wait_addr, FUTEX_WAIT, seen[0], ctypes.addressof(slice_ts), None, 0) == -1:
+                err = ctypes.get_errno()
+                if err == errno.ETIMEDOUT:
+                    if not _alive(peer_pid):
+                        raise PeerDied(f"pid {peer_pid} exited while this process waited for its futex ring")
+                    if time.monotonic() > deadline:
+                        raise Lost(f"futex: no ring within {timeout:g} s")
+                elif err not in (errno.EAGAIN, errno.EINTR):
+                    raise OSError(err, f"futex wait: {os.strerror(err)}")
+    return ring, wait
+
+
+def child(role, pair, bells, mechanisms, iters, warmup, timeout, drop, go_fd, out_path):
+    """One process of a pair: wait at the start line, ping-pong, write what it counted."""
+    peer_pid = int(os.read(go_fd, 64).decode())
+    try:
+        pidfd = os.pidfd_open(peer_pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    armed = {}
+    for m in mechanisms:
+        ab, ba = bells[m]
+        ring_bell, wait_bell = (ab, ba) if role == "A" else (ba, ab)
+        armed[m] = arm(m, ring_bell, wait_bell, peer_pid, pidfd, timeout)
+    wall = {m: [] for m in mechanisms}
+    cpu = {m: [] for m in mechanisms}
+    wakes = {m: 0 for m in mechanisms}
+    error = None
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+    try:
+        for it in range(warmup + iters):
+            k = it % len(mechanisms)
+            for m in mechanisms[k:] + mechanisms[:k]:
+                ring, wait = armed[m]
+                c0 = cpu_clock()
+                t0 = clock()
+                if role == "A":
+                    if drop != (m, it):
+                        ring()
+                    got = wait()
+                else:
+                    got = wait()
+                    ring()
+                t1 = clock()
+                c1 = cpu_clock()
+                wakes[m] += got
+                if it >= warmup:
+                    wall[m].append(t1 - t0)
+                    cpu[m].append(c1 - c0)
+    except (Lost, PeerDied, OSError) as exc:
+        error = f"{role}{pair}: {type(exc).__name__}: {exc}"
+    with open(out_path, "w") as f:
+        json.dump({"role": role, "pair": pair, "wall": wall, "cpu": cpu, "wakes": wakes, "error": error}, f)
+
+
+# ---------------------------------------------------------------- the parent
+
+def run(pairs, mechanisms, iters, warmup, timeout, drop=None):
+    """Run ``pairs`` pairs at once through every mechanism. Returns (results per process,
+    errors): each result as :func:`child` wrote it."""
+    tmp = tempfile.mkdtemp(prefix="collectives-doorbell-")
+    kids = []                 # (pid, go pipe's write end, result path)
+    try:
+        everything = [make_pair(mechanisms, tmp) for _ in range(pairs)]
+        for pair, bells in enumerate(everything):
+            for role in ("B", "A"):
+                go_r, go_w = os.pipe()
+                out_path = os.path.join(tmp, f"{role}{pair}.json")
+                pid = os.fork()
+                if pid == 0:
+                    code = 0
+                    try:
+                        os.close(go_w)
+                        child(role, pair, bells, list(mechanisms), iters, warmup, timeout, drop, go_r, out_path)
+                    except BaseException:   # noqa: BLE001 (a child must never return into the parent's code)
+                        import traceback
+                        traceback.print_exc()
+                        code = 1
+                    os._exit(code)
+                os.close(go_r)
+                kids.append((pid, go_w, out_path))
+        for i, (pid, go_w, _) in enumerate(kids):
+            peer = kids[i + 1][0] if i % 2 == 0 else kids[i - 1][0]
+            os.write(go_w, str(peer).encode())
+            os.close(go_w)
+        # a lost wake ends its process after `timeout` and its peer when it sees it die;
+        # this bound is for a bug in this program, so that it still never hangs a test
+        budget = 60 + 3 * timeout + pairs * len(mechanisms) * (iters + warmup) * 0.01
+        deadline = time.monotonic() + budget
+        left = {pid for pid, _, _ in kids}
+        errors = []
+        while left:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                if time.monotonic() > deadline:
+                    for p in left:
+                        os.kill(p, 9)
+                    errors.append(f"the run outlived its {budget:.0f} s bound: its processes were killed")
+                    for p in list(left):
+                        os.waitpid(p, 0)
+                    break
+                time.sleep(0.05)
+                continue
+            left.discard(pid)
+            if os.waitstatus_to_exitcode(status) != 0:
+                errors.append(f"process {pid} exited with {os.waitstatus_to_exitcode(status)}")
+        results = []
+        for _, _, path in kids:
+            try:
+                with open(path) as f:
+                    results.append(json.load(f))
+            except (OSError, ValueError):
+                errors.append(f"no result from {os.path.basename(path)}")
+        errors += [r["error"] for r in results if r["error"]]
+        return results, errors
+    finally:
+        for name in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, name))
+        os.rmdir(tmp)
+
+
+def _quantile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def summarize(results, mechanisms, pairs, iters, warmup):
+    """One row per mechanism from every process's samples."""
+    rows = []
+    expected = 2 * pairs * (warmup + iters)
+    a_side = [r for r in results if r["role"] == "A"]
+    b_side = {r["pair"]: r for r in results if r["role"] == "B"}
+    for m in mechanisms:
+        wall = [t / 1e3 for r in a_side for t in r["wall"][m]]
+        ratios = [x / y for r in a_side for x, y in zip(r["wall"][m], r["wall"][BASELINE])]
+        cpu_a = [t / 1e3 for r in a_side for t in r["cpu"][m]]
+        cpu_b = [t / 1e3 for r in b_side.values() for t in r["cpu"][m]]
+        wakes = sum(r["wakes"][m] for r in results)
+        row = {"pairs": pairs, "mechanism": m, "samples": len(wall), "wakes": wakes, "wakes_expected": expected}
+        if wall:
+            row.update({"median_us": round(statistics.median(wall), 2),
+                        "p90_us": round(_quantile(wall, 0.90), 2), "p99_us": round(_quantile(wall, 0.99), 2),
+                        "vs_fifo": round(statistics.median(ratios), 3) if ratios else None,
+                        "cpu_per_rt_us": round(statistics.median(cpu_a) + (statistics.median(cpu_b) if cpu_b else 0),
+                                               2)})
+        rows.append(row)
+    return rows
+
+
+def machine():
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": " ".join(["python -m benchmarks.doorbell"] + sys.argv[1:]),
+            "host": platform.node(), "cpu": model, "arch": platform.machine(), "cores": os.cpu_count(),
+            "kernel": platform.release(), "python": platform.python_version()}
+
+
+def _load():
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _mechanism_list(text):
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    unknown = [x for x in names if x not in MECHANISMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown mechanism(s) {', '.join(unknown) or text!r}; "
+                                         f"known: {', '.join(MECHANISMS)}")
+    return list(dict.fromkeys(names))
+
+
+def _whole_list(text):
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"whole numbers of 1 or more expected, e.g. 1,2; got {text!r}")
+    return values
+
+
+def _whole(low):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"a whole number of {low} or more expected, got {text!r}")
+        return value
+    return parse
+
+
+def _drop(text):
+    try:
+        m, it = text.split(":")
+        return m, int(it)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"MECHANISM:ITERATION expected, got {text!r}") from None
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.doorbell", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("-n", "--iters", type=_whole(1), default=1000, help="timed round trips per mechanism and pair")
+    p.add_argument("-w", "--warmup-iters", type=_whole(0), default=50, help="untimed round trips first")
+    p.add_argument("--pairs", type=_whole_list, default=[1],
+                   help="pairs of processes at once; several run in turn (1,2: then 4 processes)")
+    p.add_argument("--mechanisms", type=_mechanism_list, default=list(MECHANISMS),
+                   help="comma-separated, from " + ", ".join(MECHANISMS) + "; fifo is the baseline")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds a wait lasts before its wake counts as lost (and the run fails)")
+    p.add_argument("--drop", type=_drop, default=None,
+                   help="MECHANISM:ITERATION: A does not ring then (the test's lost wake, which must fail the run)")
+    p.add_argument("--out", default=os.path.join("bench_out", "doorbell"))
+    args = p.parse_args(argv)
+    if not hasattr(os, "fork") or not hasattr(os, "pipe2"):
+        p.error("this benchmark forks and uses Linux's pipe2, eventfd and futex: run it on Linux")
+    mechanisms = list(args.mechanisms)
+    if BASELINE not in mechanisms:
+        mechanisms.insert(0, BASELINE)
+    skipped = {m: why for m, why in available().items() if why and m in mechanisms}
+    mechanisms = [m for m in mechanisms if m not in skipped]
+    meta = machine()
+    print(f"# doorbell round trips (A wakes B, B wakes A): -n {args.iters} -w {args.warmup_iters}, "
+          f"pairs {','.join(map(str, args.pairs))}", flush=True)
+    print(f"# {meta['host']}: {meta['cpu']}, {meta['cores']} cores, Linux {meta['kernel']}, "
+          f"Python {meta['python']}; load average {_load()}", flush=True)
+    for m, why in skipped.items():
+        print(f"# {m} skipped: {why}", flush=True)
+    print("# every wait sleeps in the kernel (poll beside the peer's pidfd, or FUTEX_WAIT): none spins", flush=True)
+    print(f"#{'pairs':>6} {'mechanism':>10} {'median(us)':>11} {'p90(us)':>9} {'p99(us)':>9} "
+          f"{'vs_fifo':>8} {'cpu/rt(us)':>11} {'wakes':>15}", flush=True)
+    rows, failed = [], []
+    for pairs in args.pairs:
+        results, errors = run(pairs, mechanisms, args.iters, args.warmup_iters, args.timeout, args.drop)
+        for row in summarize(results, mechanisms, pairs, args.iters, args.warmup_iters):
+            row["loadavg"] = _load()
+            rows.append(row)
+            wakes = f"{row['wakes']}/{row['wakes_expected']}"
+            if row["wakes"] != row["wakes_expected"]:
+                failed.append(f"{row['mechanism']} (pairs {pairs}) delivered {wakes} wakes")
+            if "median_us" in row:
+                print(f" {pairs:>6} {row['mechanism']:>10} {row['median_us']:>11.2f} {row['p90_us']:>9.2f} "
+                      f"{row['p99_us']:>9.2f} {row['vs_fifo']:>8.2f} {row['cpu_per_rt_us']:>11.2f} {wakes:>15}",
+                      flush=True)
+            else:
+                print(f" {pairs:>6} {row['mechanism']:>10} {'-':>11} {'-':>9} {'-':>9} {'-':>8} {'-':>11} "
+                      f"{wakes:>15}", flush=True)
+        print(f"# pairs {pairs} done, load average {_load()}", flush=True)
+        failed += errors
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "doorbell.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(os.path.join(args.out, "doorbell.json"), "w") as f:
+        json.dump({"meta": meta, "skipped": skipped, "rows": rows}, f, indent=1)
+    print(f"# wrote {args.out}/ (doorbell.csv, doorbell.json)", flush=True)
+    if failed:
+        for line in failed:
+            print(f"# FAILED: {line}", flush=True)
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
