@@ -8,29 +8,33 @@ with ``time.perf_counter_ns``. ``--pairs P`` runs P pairs at once (2P processes)
 2-core machine ``--pairs 2`` is four processes on two cores, the "ranks outnumber cores"
 case, where a waiter that spins would steal the core its peer needs.
 
-**Mechanisms** (one bell per direction; every wait sleeps in the kernel, none spins):
+**Mechanisms** (one bell per direction; every wait sleeps in the kernel, none spins).
+System calls are per wake, ringer / sleeping waiter; descriptors per bell; and what a
+waiter sees when its peer dies (SIGKILL included):
 
-========  ===============================================  ================  ===========================
-name      ring / wait (system calls per wake)              descriptors       a peer that dies
-========  ===============================================  ================  ===========================
-fifo      as shm.py does it: ``write`` one byte to a       1 per bell        its pidfd, polled beside
-          named FIFO; the waiter ``poll``s its read end                      the bell, wakes the waiter
-          (opened ``O_RDWR|O_NONBLOCK``: never end of                        at once
-          file) and drains it with ``read`` until
-          ``EAGAIN``: 1 / 3 (poll, read, read)             (+1 to ring)
-pipe      the same kernel object unnamed (``pipe2``),      2 per bell        pidfd beside it, as fifo
-          drained with one ``read``: 1 / 2
-eventfd   ``eventfd_write(1)`` / ``poll`` + one            1 per bell        pidfd beside it, as fifo
-          ``eventfd_read`` (the counter: every ring
-          since the last read, in 8 bytes): 1 / 2
-socket    a unix datagram ``socketpair``: ``send`` one     2 per bell pair   pidfd beside it, as fifo
-          byte / ``poll`` + one ``recv``: 1 / 2
-futex     a 32-bit sequence number in a shared ``mmap``:   none              cannot be polled: the
-          the ringer increments it and calls                                 waiter must wake on a
-          ``FUTEX_WAKE``; the waiter calls ``FUTEX_WAIT``                    timeout (here every 50 ms,
-          while it holds the value it last saw: 1 / 1                        as shm.py's ``SLICE``) and
-          (none when the word changed before the wait)                       ask ``kill(pid, 0)``
-========  ===============================================  ================  ===========================
+* ``fifo``, as shm.py does it: ``write`` one byte to a named FIFO / ``poll`` its read
+  end (opened ``O_RDWR|O_NONBLOCK``, so it never reads end of file), then drain it with
+  ``read`` until ``EAGAIN``: 1 / 3 (poll, read, read; in Python the ``EAGAIN`` is a
+  raised ``BlockingIOError`` too). 2 descriptors (read end, write end). The peer's
+  pidfd, polled beside the bell, wakes the waiter at once.
+* ``fifo_one_read``: the same FIFO drained with one ``read`` of 4096 bytes (every
+  pending ring; more than 4096 would leave the rest for the next ``poll``, which
+  returns at once): 1 / 2. As ``fifo`` otherwise.
+* ``pipe``: the same kernel object unnamed (``pipe2``), one ``read``: 1 / 2, 2
+  descriptors, pidfd beside it.
+* ``eventfd``: ``eventfd_write(1)`` / ``poll`` + one ``eventfd_read`` (the counter:
+  every ring since the last read, in 8 bytes): 1 / 2, 1 descriptor, pidfd beside it.
+* ``socket``: a unix datagram ``socketpair``, ``send`` one byte / ``poll`` + one
+  ``recv``: 1 / 2, 1 descriptor per end, pidfd beside it.
+* ``futex``: a 32-bit sequence number in a shared ``mmap``; the ringer increments it
+  and calls ``FUTEX_WAKE``, the waiter calls ``FUTEX_WAIT`` while the word holds the
+  value it last saw (the kernel compares and sleeps atomically, so a ring between the
+  look and the wait is not lost): 1 / 1 (the wait none when the word changed first).
+  No descriptor, and nothing to ``poll``: a dead peer is seen only when the wait times
+  out (here every 50 ms, shm.py's ``SLICE``) and ``kill(pid, 0)`` says it is gone.
+  Here it is called through ``ctypes`` (``syscall``), which costs more Python per call
+  than ``os.read``; a ring that skipped ``FUTEX_WAKE`` when nobody sleeps (a waiters
+  word beside the counter, Drepper's design) would save the ringer's call.
 
 A named FIFO (or a unix socket bound to a path) is what lets ``shm.py`` set up between
 processes that share no ancestor: each rank opens its peers' bells by name. An eventfd
@@ -92,7 +96,7 @@ import sys
 import tempfile
 import time
 
-MECHANISMS = ("fifo", "pipe", "eventfd", "socket", "futex")
+MECHANISMS = ("fifo", "fifo_one_read", "pipe", "eventfd", "socket", "futex")
 BASELINE = "fifo"
 SLICE = 0.05                   # seconds a waiter sleeps before it checks its peer and deadline
 SYS_FUTEX = {"x86_64": 202}    # the futex system call's number, per architecture we know
@@ -117,9 +121,10 @@ def cost(mechanism):
     """
     table = {
         "fifo": {"ring": 1, "wait": 3, "fds": 2, "pollable": True},
+        "fifo_one_read": {"ring": 1, "wait": 2, "fds": 2, "pollable": True},
         "pipe": {"ring": 1, "wait": 2, "fds": 2, "pollable": True},
         "eventfd": {"ring": 1, "wait": 2, "fds": 1, "pollable": True},
-        "socket": {"ring": 1, "wait": 2, "fds": 1, "pollable": True},
+        "socket": {"ring": 1, "wait": 2, "fds": 2, "pollable": True},
         "futex": {"ring": 1, "wait": 1, "fds": 0, "pollable": False},
     }
     return dict(table[mechanism])
@@ -148,7 +153,7 @@ def available():
 def make_bell(mechanism, tmp):
     """One direction's bell, made before the fork so both processes inherit it: a dict with
     the descriptors or the shared word it needs."""
-    if mechanism == "fifo":
+    if mechanism in ("fifo", "fifo_one_read"):
         path = os.path.join(tmp, f"bell-{os.urandom(4).hex()}")
         os.mkfifo(path, 0o600)
         # shm.py's way: the read end first (else the write end's open fails with ENXIO),
@@ -219,7 +224,7 @@ def arm(mechanism, ring_bell, wait_bell, peer_pid, pidfd, timeout):
     if mechanism == "futex":
         return _arm_futex(ring_bell["word"], wait_bell["word"], peer_pid, timeout)
     w, r = ring_bell["w"], wait_bell["r"]
-    if mechanism in ("fifo", "pipe"):
+    if mechanism in ("fifo", "fifo_one_read", "pipe"):
         def ring():
             try:
                 os.write(w, b"!")
@@ -455,7 +460,9 @@ def summarize(results, mechanisms, pairs, iters, warmup):
         cpu_a = [t / 1e3 for r in a_side for t in r["cpu"][m]]
         cpu_b = [t / 1e3 for r in b_side.values() for t in r["cpu"][m]]
         wakes = sum(r["wakes"][m] for r in results)
-        row = {"pairs": pairs, "mechanism": m, "samples": len(wall), "wakes": wakes, "wakes_expected": expected}
+        c = cost(m)
+        row = {"pairs": pairs, "mechanism": m, "calls_ring": c["ring"], "calls_wait": c["wait"],
+               "pollable": c["pollable"], "samples": len(wall), "wakes": wakes, "wakes_expected": expected}
         if wall:
             row.update({"median_us": round(statistics.median(wall), 2),
                         "p90_us": round(_quantile(wall, 0.90), 2), "p99_us": round(_quantile(wall, 0.99), 2),
@@ -554,8 +561,10 @@ def main(argv=None):
           f"Python {meta['python']}; load average {_load()}", flush=True)
     for m, why in skipped.items():
         print(f"# {m} skipped: {why}", flush=True)
-    print("# every wait sleeps in the kernel (poll beside the peer's pidfd, or FUTEX_WAIT): none spins", flush=True)
-    print(f"#{'pairs':>6} {'mechanism':>10} {'median(us)':>11} {'p90(us)':>9} {'p99(us)':>9} "
+    print("# every wait sleeps in the kernel (poll beside the peer's pidfd, or FUTEX_WAIT): none spins; "
+          "calls: system calls per wake, ringer/waiter; pidfd: whether a dead peer wakes the waiter at once",
+          flush=True)
+    print(f"#{'pairs':>6} {'mechanism':>13} {'calls':>5} {'pidfd':>5} {'median(us)':>11} {'p90(us)':>9} {'p99(us)':>9} "
           f"{'vs_fifo':>8} {'cpu/rt(us)':>11} {'wakes':>15}", flush=True)
     rows, failed = [], []
     for pairs in args.pairs:
@@ -564,14 +573,15 @@ def main(argv=None):
             row["loadavg"] = _load()
             rows.append(row)
             wakes = f"{row['wakes']}/{row['wakes_expected']}"
+            calls, pidfd = f"{row['calls_ring']}/{row['calls_wait']}", "yes" if row["pollable"] else "no"
             if row["wakes"] != row["wakes_expected"]:
                 failed.append(f"{row['mechanism']} (pairs {pairs}) delivered {wakes} wakes")
             if "median_us" in row:
-                print(f" {pairs:>6} {row['mechanism']:>10} {row['median_us']:>11.2f} {row['p90_us']:>9.2f} "
+                print(f" {pairs:>6} {row['mechanism']:>13} {calls:>5} {pidfd:>5} {row['median_us']:>11.2f} {row['p90_us']:>9.2f} "
                       f"{row['p99_us']:>9.2f} {row['vs_fifo']:>8.2f} {row['cpu_per_rt_us']:>11.2f} {wakes:>15}",
                       flush=True)
             else:
-                print(f" {pairs:>6} {row['mechanism']:>10} {'-':>11} {'-':>9} {'-':>9} {'-':>8} {'-':>11} "
+                print(f" {pairs:>6} {row['mechanism']:>13} {calls:>5} {pidfd:>5} {'-':>11} {'-':>9} {'-':>9} {'-':>8} {'-':>11} "
                       f"{wakes:>15}", flush=True)
         print(f"# pairs {pairs} done, load average {_load()}", flush=True)
         failed += errors

@@ -23,7 +23,7 @@ def _rows(stdout):
     """{(pairs, mechanism): [median, p90, p99, vs_fifo, cpu, got, expected]} from the table."""
     rows = {}
     for line in stdout.splitlines():
-        m = re.fullmatch(r"\s*(\d+)\s+(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)/(\d+)",
+        m = re.fullmatch(r"\s*(\d+)\s+(\w+)\s+\d/\d\s+(?:yes|no)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)/(\d+)",
                          line)
         if m:
             key = (int(m.group(1)), m.group(2))
