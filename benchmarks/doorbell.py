@@ -39,7 +39,8 @@ waiter sees when its peer dies (SIGKILL included):
 A named FIFO (or a unix socket bound to a path) is what lets ``shm.py`` set up between
 processes that share no ancestor: each rank opens its peers' bells by name. An eventfd
 or a socketpair exists only as a descriptor and must be handed over (``SCM_RIGHTS`` over
-a unix socket, or ``pidfd_getfd``); here they are inherited through ``fork``. A futex
+a unix socket, or ``pidfd_getfd``: opening ``/proc/PID/fd/N`` of an eventfd fails with
+``ENXIO``); here they are inherited through ``fork``. A futex
 needs no descriptor but no ``poll`` either, so it cannot sleep on a bell and on the
 peers' pidfds at once: dead-peer detection becomes a timeout (a 50 ms wake-up per
 waiter, and up to 50 ms before a death is seen), where today a pidfd names the peer at once.
@@ -527,25 +528,40 @@ def _whole(low):
 def _drop(text):
     try:
         m, it = text.split(":")
-        return m, int(it)
+        it = int(it)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"MECHANISM:ITERATION expected, got {text!r}") from None
+        m, it = None, -1
+    if m not in MECHANISMS or it < 0:
+        raise argparse.ArgumentTypeError(f"MECHANISM:ITERATION expected (a mechanism of {', '.join(MECHANISMS)}, "
+                                         f"an iteration of 0 or more), got {text!r}")
+    return m, it
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of seconds above 0 expected, got {text!r}")
+    return value
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.doorbell", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("-n", "--iters", type=_whole(1), default=1000, help="timed round trips per mechanism and pair")
-    p.add_argument("-w", "--warmup-iters", type=_whole(0), default=50, help="untimed round trips first")
-    p.add_argument("--pairs", type=_whole_list, default=[1],
-                   help="pairs of processes at once; several run in turn (1,2: then 4 processes)")
-    p.add_argument("--mechanisms", type=_mechanism_list, default=list(MECHANISMS),
-                   help="comma-separated, from " + ", ".join(MECHANISMS) + "; fifo is the baseline")
-    p.add_argument("--timeout", type=float, default=10.0,
-                   help="seconds a wait lasts before its wake counts as lost (and the run fails)")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.doorbell", description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--iters", type=_whole(1), default=1000,
+                   help="timed round trips per mechanism and pair (default 1000)")
+    p.add_argument("-w", "--warmup-iters", type=_whole(0), default=50, help="untimed round trips first (default 50)")
+    p.add_argument("--pairs", type=_whole_list, default="1",
+                   help="pairs of processes at once; several run in turn (1,2: 2 then 4 processes; default 1)")
+    p.add_argument("--mechanisms", type=_mechanism_list, default=",".join(MECHANISMS),
+                   help=f"comma-separated (default {','.join(MECHANISMS)}); fifo, the baseline, is always run")
+    p.add_argument("--timeout", type=_seconds, default=10.0,
+                   help="seconds a wait lasts before its wake counts as lost and the run fails (default 10)")
     p.add_argument("--drop", type=_drop, default=None,
                    help="MECHANISM:ITERATION: A does not ring then (the test's lost wake, which must fail the run)")
-    p.add_argument("--out", default=os.path.join("bench_out", "doorbell"))
+    p.add_argument("--out", default=os.path.join("bench_out", "doorbell"),
+                   help="folder for doorbell.csv and doorbell.json (default bench_out/doorbell)")
     args = p.parse_args(argv)
     if not hasattr(os, "fork") or not hasattr(os, "pipe2"):
         p.error("this benchmark forks and uses Linux's pipe2, eventfd and futex: run it on Linux")
