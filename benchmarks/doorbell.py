@@ -63,7 +63,13 @@ waiter, and up to 50 ms before a death is seen), where today a pidfd names the p
    iterations of round trip / the FIFO's round trip of the same iteration and pair:
    ``benchmarks.common.paired_ratio``), the CPU both processes spent per round trip
    (thread CPU time: far below the round trip when nobody spins) and the wakes
-   delivered. Rows go to ``--out``/doorbell.csv and .json with the machine and its load.
+   delivered.
+5. ``--idle S``: every mechanism's wait once more, each in its own process, all at once,
+   with nobody ringing, until its ``S`` s timeout: the thread CPU time it used and the
+   kernel waits it made. A wait that sleeps makes about ``S / SLICE`` of them and uses
+   only those wake-ups' CPU (milliseconds); one that spun would make thousands and use
+   its share of the cores for all ``S`` seconds. Rows go to
+   ``--out``/doorbell.csv and .json with the machine and its load.
 
 **Worked example**, ``--pairs 2`` on 2 cores: four processes; at any moment each pair has
 one process awake (the one ringing) and one asleep, so two runnable processes share
@@ -279,9 +285,12 @@ def arm(mechanism, ring_bell, wait_bell, peer_pid, pidfd, timeout):
     if pidfd is not None:
         poller.register(pidfd, select.POLLIN)
 
+    sleeps = [0]     # the kernel waits it made (its loop's turns): a spinning wait makes thousands
+
     def wait():
         deadline = time.monotonic() + timeout
         while True:
+            sleeps[0] += 1
             events = poller.poll(int(SLICE * 1000))
             for f, _ in events:
                 if f == fd:
@@ -298,6 +307,7 @@ def arm(mechanism, ring_bell, wait_bell, peer_pid, pidfd, timeout):
                     raise PeerDied(f"pid {peer_pid} exited while this process waited for its {mechanism} ring")
                 if time.monotonic() > deadline:
                     raise Lost(f"{mechanism}: no ring within {timeout:g} s")
+    wait.sleeps = sleeps
     return ring, wait
 
 
@@ -313,6 +323,8 @@ def _arm_futex(ring_word, wait_word, peer_pid, timeout):
         ring_word.value = (ring_word.value + 1) & 0xFFFFFFFF
         call(nr, ring_addr, FUTEX_WAKE, 1, None, None, 0)
 
+    sleeps = [0]     # the kernel waits it made (its loop's turns): a spinning wait makes thousands
+
     def wait():
         deadline = time.monotonic() + timeout
         while True:
@@ -323,6 +335,7 @@ def _arm_futex(ring_word, wait_word, peer_pid, timeout):
                 return n
             # sleeps only while the word still holds `seen`: a ring between the load above
             # and this call makes the kernel return EAGAIN at once, so no wake is lost
+            sleeps[0] += 1
             if call(nr, wait_addr, FUTEX_WAIT, seen[0], ctypes.addressof(slice_ts), None, 0) == -1:
                 err = ctypes.get_errno()
                 if err == errno.ETIMEDOUT:
@@ -332,6 +345,7 @@ def _arm_futex(ring_word, wait_word, peer_pid, timeout):
                         raise Lost(f"futex: no ring within {timeout:g} s")
                 elif err not in (errno.EAGAIN, errno.EINTR):
                     raise OSError(err, f"futex wait: {os.strerror(err)}")
+    wait.sleeps = sleeps
     return ring, wait
 
 
@@ -449,6 +463,55 @@ def _quantile(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def idle(mechanisms, seconds):
+    """Each mechanism's wait with nobody ringing, for ``seconds``, all at once in one process
+    each (the parent, alive and asleep, is the peer). Returns one row per mechanism: the
+    thread CPU time the wait used; a wait that spun would use most of ``seconds`` (or its
+    share of the cores), one that sleeps only its wake-ups every ``SLICE``."""
+    tmp = tempfile.mkdtemp(prefix="collectives-doorbell-")
+    kids = []
+    try:
+        bells = make_pair(mechanisms, tmp)
+        parent = os.getpid()
+        for m in mechanisms:
+            out_path = os.path.join(tmp, f"idle-{m}.json")
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    pidfd = os.pidfd_open(parent) if hasattr(os, "pidfd_open") else None
+                    _, wait = arm(m, bells[m][1], bells[m][0], parent, pidfd, seconds)
+                    c0, t0 = time.thread_time(), time.monotonic()
+                    try:
+                        wait()
+                        outcome = "woken by nobody's ring"
+                    except Lost:
+                        outcome = None
+                    with open(out_path, "w") as f:
+                        json.dump({"cpu": time.thread_time() - c0, "wall": time.monotonic() - t0,
+                                   "sleeps": wait.sleeps[0], "error": outcome}, f)
+                except BaseException:   # noqa: BLE001 (a child must never return into the parent's code)
+                    import traceback
+                    traceback.print_exc()
+                    code = 1
+                os._exit(code)
+            kids.append((m, pid, out_path))
+        rows = []
+        for m, pid, out_path in kids:
+            os.waitpid(pid, 0)      # each wait ends by itself after `seconds`
+            try:
+                with open(out_path) as f:
+                    got = json.load(f)
+            except (OSError, ValueError):
+                got = {"cpu": None, "wall": None, "sleeps": None, "error": "no result"}
+            rows.append({"mechanism": m, "idle_s": seconds, **got})
+        return rows
+    finally:
+        for name in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, name))
+        os.rmdir(tmp)
+
+
 def summarize(results, mechanisms, pairs, iters, warmup):
     """One row per mechanism from every process's samples."""
     rows = []
@@ -537,6 +600,10 @@ def _drop(text):
     return m, it
 
 
+def _seconds_or_none(text):
+    return 0.0 if str(text).strip() in ("0", "0.0") else _seconds(text)
+
+
 def _seconds(text):
     try:
         value = float(text)
@@ -558,6 +625,9 @@ def main(argv=None):
                    help=f"comma-separated (default {','.join(MECHANISMS)}); fifo, the baseline, is always run")
     p.add_argument("--timeout", type=_seconds, default=10.0,
                    help="seconds a wait lasts before its wake counts as lost and the run fails (default 10)")
+    p.add_argument("--idle", type=_seconds_or_none, default=1.0,
+                   help="then every mechanism's wait, never rung, for this many seconds (all at once): "
+                        "the CPU it used shows whether it sleeps (default 1; 0 leaves it out)")
     p.add_argument("--drop", type=_drop, default=None,
                    help="MECHANISM:ITERATION: A does not ring then (the test's lost wake, which must fail the run)")
     p.add_argument("--out", default=os.path.join("bench_out", "doorbell"),
@@ -592,22 +662,36 @@ def main(argv=None):
             calls, pidfd = f"{row['calls_ring']}/{row['calls_wait']}", "yes" if row["pollable"] else "no"
             if row["wakes"] != row["wakes_expected"]:
                 failed.append(f"{row['mechanism']} (pairs {pairs}) delivered {wakes} wakes")
+            head = f" {pairs:>6} {row['mechanism']:>13} {calls:>5} {pidfd:>5}"
             if "median_us" in row:
-                print(f" {pairs:>6} {row['mechanism']:>13} {calls:>5} {pidfd:>5} {row['median_us']:>11.2f} {row['p90_us']:>9.2f} "
-                      f"{row['p99_us']:>9.2f} {row['vs_fifo']:>8.2f} {row['cpu_per_rt_us']:>11.2f} {wakes:>15}",
-                      flush=True)
+                print(f"{head} {row['median_us']:>11.2f} {row['p90_us']:>9.2f} {row['p99_us']:>9.2f} "
+                      f"{row['vs_fifo']:>8.2f} {row['cpu_per_rt_us']:>11.2f} {wakes:>15}", flush=True)
             else:
-                print(f" {pairs:>6} {row['mechanism']:>13} {calls:>5} {pidfd:>5} {'-':>11} {'-':>9} {'-':>9} {'-':>8} {'-':>11} "
-                      f"{wakes:>15}", flush=True)
+                print(f"{head} {'-':>11} {'-':>9} {'-':>9} {'-':>8} {'-':>11} {wakes:>15}", flush=True)
         print(f"# pairs {pairs} done, load average {_load()}", flush=True)
         failed += errors
+    idle_rows = []
+    if args.idle > 0:
+        print(f"# idle: each mechanism's wait, never rung, for {args.idle:g} s, all at once, each in its own "
+              f"process: the CPU it used (a spinning wait would use up to {args.idle:g} s) and its kernel "
+              f"waits (sleeps; each up to {SLICE * 1e3:g} ms, so about {args.idle / SLICE:.0f})", flush=True)
+        print(f"#{'mechanism':>13} {'wall(s)':>8} {'cpu(ms)':>8} {'sleeps':>7}", flush=True)
+        for row in idle(mechanisms, args.idle):
+            idle_rows.append(row)
+            if row["error"]:
+                failed.append(f"{row['mechanism']} idle wait: {row['error']}")
+                print(f" {row['mechanism']:>13} {'-':>8} {'-':>8} {'-':>7}", flush=True)
+            else:
+                print(f" {row['mechanism']:>13} {row['wall']:>8.2f} {row['cpu'] * 1e3:>8.2f} {row['sleeps']:>7}",
+                      flush=True)
+        print(f"# idle done, load average {_load()}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "doorbell.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         writer.writeheader()
         writer.writerows(rows)
     with open(os.path.join(args.out, "doorbell.json"), "w") as f:
-        json.dump({"meta": meta, "skipped": skipped, "rows": rows}, f, indent=1)
+        json.dump({"meta": meta, "skipped": skipped, "rows": rows, "idle": idle_rows}, f, indent=1)
     print(f"# wrote {args.out}/ (doorbell.csv, doorbell.json)", flush=True)
     if failed:
         for line in failed:
