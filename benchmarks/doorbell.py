@@ -29,7 +29,7 @@ waiter sees when its peer dies (SIGKILL included):
 * ``futex``: a 32-bit sequence number in a shared ``mmap``; the ringer increments it
   and calls ``FUTEX_WAKE``, the waiter calls ``FUTEX_WAIT`` while the word holds the
   value it last saw (the kernel compares and sleeps atomically, so a ring between the
-  look and the wait is not lost): 1 / 1 (the wait none when the word changed first).
+  look and the wait is not lost): 1 / 1 (no wait call when the word changed first).
   No descriptor, and nothing to ``poll``: a dead peer is seen only when the wait times
   out (here every 50 ms, shm.py's ``SLICE``) and ``kill(pid, 0)`` says it is gone.
   Here it is called through ``ctypes`` (``syscall``), which costs more Python per call
@@ -40,10 +40,10 @@ A named FIFO (or a unix socket bound to a path) is what lets ``shm.py`` set up b
 processes that share no ancestor: each rank opens its peers' bells by name. An eventfd
 or a socketpair exists only as a descriptor and must be handed over (``SCM_RIGHTS`` over
 a unix socket, or ``pidfd_getfd``: opening ``/proc/PID/fd/N`` of an eventfd fails with
-``ENXIO``); here they are inherited through ``fork``. A futex
-needs no descriptor but no ``poll`` either, so it cannot sleep on a bell and on the
-peers' pidfds at once: dead-peer detection becomes a timeout (a 50 ms wake-up per
-waiter, and up to 50 ms before a death is seen), where today a pidfd names the peer at once.
+``ENXIO``); here they are inherited through ``fork``. A futex needs no descriptor but
+has no ``poll`` either, so it cannot sleep on a bell and on the peers' pidfds at once:
+dead-peer detection becomes a timeout (a 50 ms wake-up per waiter, and up to 50 ms
+before a death is seen), where today a pidfd names the peer at once.
 
 **Steps** (one run):
 
@@ -62,8 +62,9 @@ waiter, and up to 50 ms before a death is seen), where today a pidfd names the p
    round trip in microseconds over every pair's samples, ``vs_fifo`` (the median over
    iterations of round trip / the FIFO's round trip of the same iteration and pair:
    ``benchmarks.common.paired_ratio``), the CPU both processes spent per round trip
-   (thread CPU time: far below the round trip when nobody spins) and the wakes
-   delivered.
+   (thread CPU time, A's and B's medians added: from Python it is about the round trip
+   itself, the system calls and the interpreter around them; the two overlap on two
+   cores) and the wakes delivered.
 5. ``--idle S``: every mechanism's wait once more, each in its own process, all at once,
    with nobody ringing, until its ``S`` s timeout: the thread CPU time it used and the
    kernel waits it made. A wait that sleeps makes about ``S / SLICE`` of them and uses
@@ -74,7 +75,10 @@ waiter, and up to 50 ms before a death is seen), where today a pidfd names the p
 **Worked example**, ``--pairs 2`` on 2 cores: four processes; at any moment each pair has
 one process awake (the one ringing) and one asleep, so two runnable processes share
 two cores. A mechanism that spun in its wait would keep four runnable, and each wake
-would wait for a time slice instead of a few microseconds.
+would wait for a time slice (milliseconds) instead of a few microseconds. With
+``-n 2000 -w 100`` each of the six mechanisms delivers 2 x 2 x 2100 = 8400 wakes; on
+the 2-core machine (docs/benchmarks.md, "Doorbells") a FIFO round trip took 32-57 us
+at a median there, shm.py's drain taking 3 system calls per wake of it.
 
 ``cost()`` gives a mechanism's system calls per wake and descriptors per bell.
 
@@ -316,7 +320,7 @@ def _arm_futex(ring_word, wait_word, peer_pid, timeout):
     nr = SYS_FUTEX[platform.machine()]
     ring_addr, wait_addr = ctypes.addressof(ring_word), ctypes.addressof(wait_word)
     slice_ts = _Timespec(0, int(SLICE * 1e9))
-    seen = [wait_word.value]
+    seen = [0]     # the page is fresh: not its value now, which the peer may have rung already
 
     def ring():
         # one writer per word: a plain store is atomic on x86-64 for an aligned 32-bit word
