@@ -71,6 +71,16 @@ a few microseconds each, against ~1 ms for copying 4 MiB twice: memory bandwidth
 decides here. For a 4 KiB message the copies take ~1 us and the wake-up (a system call
 and a context switch, tens of us on a loaded machine) decides.
 
+**Who moves the bytes.** gloo moves its messages in its own threads, whatever the program
+does meanwhile; this transport has no thread of its own: bytes move while a thread of the
+rank posts or waits here. That is enough for a group all on one host. In a group that spans
+hosts a rank also waits on gloo (its peers on other hosts), and a send posted here ahead of
+that wait, larger than the mailbox, would stop half written: its receiver waits for the rest,
+and if the gloo message the sender waits for comes only after that receiver has it, both
+wait until the timeout (hierarchical all_reduce on 2 hosts x 2 ranks did). So while this
+rank has messages in flight here, the door waits on gloo on a helper thread and keeps moving
+ours (:meth:`ShmTransport.wait_elsewhere`): the rule NCCL keeps with its proxy thread.
+
 **Copies per byte**, one message: shm 2 (sender into the mailbox, receiver out of it;
 3 for a message moved aside because a receive behind it was posted first),
 no system call per byte, one wake-up per piece. gloo on loopback: 2 as well (``write``

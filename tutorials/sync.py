@@ -106,7 +106,8 @@ def run_commands(commands, timeout=300, runner=None):
                 raise RuntimeError(f"{command!r} still ran after {timeout} s (killed); it printed:\n"
                                    f"{out[-2000:]}\n--- stderr:\n{err[-3000:]}") from None
             if proc.returncode != 0:
-                raise RuntimeError(f"{command!r} exited with {proc.returncode}:\n{err[-3000:]}")
+                # the end of stderr: a launcher's timeout puts every unfinished rank's stacks there
+                raise RuntimeError(f"{command!r} exited with {proc.returncode}:\n{err[-16000:]}")
             results[command] = (out, "")
         print(f"sync: {len(shell)} shell commands done at {time.monotonic() - started:.0f} s", file=sys.stderr)
     finally:
