@@ -445,3 +445,25 @@ def test_list_shows_every_exercise_with_its_chapter_difficulty_and_hint(capsys):
     assert any(line.split()[:3] == ["all_reduce", "4", "**."] and "tensor_split(N)" in line for line in out.splitlines())
     assert any(line.split()[:3] == ["ring_attention", "20", "***"] for line in out.splitlines())
     assert any(line.split()[:4] == ["ring_attention_zigzag", "20", "***", "90"] for line in out.splitlines())
+
+
+def test_list_says_how_much_each_matters_and_what_passed_here(capsys, tmp_path, monkeypatch):
+    from tutorials.exercises import grade as grader
+    from tutorials.exercises._numeric import NUMERIC
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert grade("busbw", str(NUMERIC["busbw"].solve()[0]), verbose=False).passed
+    assert not grade("busbw_all_gather", "1", verbose=False).passed
+    assert grade("all_reduce").reason == "not_written"          # the stub: nothing to remember
+    assert grade("all_reduce", str(SOLUTIONS / "all_reduce.py"), quick=True).passed   # not the learner's file
+    capsys.readouterr()
+    assert main(["--list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert rows["busbw"].split()[5:7] == ["++++.", "passed"]
+    assert rows["busbw_all_gather"].split()[6] == "failed:wrong"
+    assert rows["all_reduce"].split()[5:7] == ["+++++", "-"]
+    # a verdict on the learner's file holds while the file is the one graded
+    grader.remember("all_reduce", grader.Verdict("all_reduce", True, "pass", ""), quick=True)
+    assert grader.status("all_reduce", grader._load_grades()) == "passed:quick"
+    monkeypatch.setattr(grader, "_fingerprint", lambda name: "another file")
+    assert grader.status("all_reduce", grader._load_grades()) == "changed"
+    assert set(grader.IMPORTANCE) >= {*EXERCISES, *NUMERIC}

@@ -676,13 +676,21 @@ def grade(name, solution=None, quick=False, hang_seconds=None, world_sizes=None,
         verbose (bool): Print the verdict.
 
     Returns:
-        Verdict: ``.passed``, ``.reason``, ``.text``.
+        Verdict: ``.passed``, ``.reason``, ``.text``. A verdict on the learner's own file (no
+        ``solution``) or a numeric answer is remembered for ``--list`` (:func:`remember`).
 
     Example::
 
         >>> grade("all_reduce", "tutorials/exercises/solutions/all_reduce.py", quick=True).passed
         True
     """
+    verdict = _grade(name, solution, quick, hang_seconds, world_sizes, verbose)
+    if (solution is None or name in _numeric.NUMERIC) and verdict.reason != "not_written":
+        remember(name, verdict, quick)
+    return verdict
+
+
+def _grade(name, solution, quick, hang_seconds, world_sizes, verbose):
     if name in _numeric.NUMERIC:    # a number to work out by hand (chapter 13): no world to run
         passed, text = _numeric.grade_number(name, solution)
         verdict = Verdict(name, bool(passed), "not_written" if passed is None else "pass" if passed else "wrong",
@@ -836,6 +844,75 @@ DIFFICULTY = {
     "moe_dispatch_counts": (1, 15), "moe_dispatch_tokens": (2, 25),       # moe_dispatch's steps 1 and 2
 }
 NUMERIC_DIFFICULTY = (1, 10)
+# How much each idea matters for understanding distributed training, 1-5 (ARENA's "importance"):
+# 5 for what every data-parallel step does (all_reduce, its reduce-scatter half, averaging
+# gradients, FSDP's gather and reduce-scatter), less for the specialised.
+IMPORTANCE = {
+    "send_recv_ring": 3, "broadcast": 3, "reduce": 3, "all_gather": 4, "reduce_scatter": 5,
+    "all_reduce": 5, "all_to_all": 4, "average_gradients": 5, "zero1_step": 4, "sim_all_reduce": 3,
+    "pipeline_1f1b": 4, "tensor_parallel_mlp": 4, "fsdp_step": 5, "moe_dispatch": 3, "ring_attention": 4,
+    "ring_attention_zigzag": 2, "pipeline_1f1b_order": 4, "pipeline_1f1b_forward": 3,
+    "fsdp_step_gather": 5, "fsdp_step_reduce_scatter": 5, "moe_dispatch_counts": 3, "moe_dispatch_tokens": 3,
+    "busbw": 4, "busbw_all_gather": 3, "alpha_beta_ring": 5, "alpha_beta_small": 4, "adam_memory": 4,
+    "zero2_memory": 4, "overlap_tokens": 3, "tensor_parallel_ib": 3, "activation_memory": 4,
+    "activation_memory_sp": 3, "plan_state_memory": 3,
+}
+
+
+def grades_path():
+    """Where the verdicts on this machine are kept: ``$XDG_CACHE_HOME/collectives/grades.json``
+    (``~/.cache`` without it), beside the tuning tables."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "collectives" / "grades.json"
+
+
+def _fingerprint(name):
+    """The learner's file as it is now (its sha1), so a verdict on an older version is not shown as current."""
+    import hashlib
+    path = HERE / f"{name}.py"
+    return hashlib.sha1(path.read_bytes()).hexdigest() if path.exists() else None
+
+
+def remember(name, verdict, quick):
+    """Keep ``verdict`` on ``name`` (the learner's own file) for ``--list``; a machine where the
+    cache cannot be written loses only the list's column."""
+    import json
+    path = grades_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[name] = {"passed": verdict.passed, "reason": verdict.reason, "quick": bool(quick),
+                  "file": None if name in _numeric.NUMERIC else _fingerprint(name),
+                  "when": time.strftime("%Y-%m-%d %H:%M")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _load_grades():
+    import json
+    try:
+        return json.loads(grades_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def status(name, grades):
+    """What ``--list`` says of ``name``: passed (quick: on the small worlds only), failed and why,
+    changed since (the file differs from the one graded) or not graded."""
+    g = grades.get(name)
+    if g is None:
+        return "-"
+    if g.get("file") is not None and g["file"] != _fingerprint(name):
+        return "changed"
+    if g["passed"]:
+        return "passed:quick" if g["quick"] else "passed"
+    return f"failed:{g['reason']}"
 
 
 def _first_sentence(text, limit=110):
@@ -847,8 +924,9 @@ def _first_sentence(text, limit=110):
 
 
 def listing():
-    """The exercises, one a line: name, chapter, difficulty, time, and the hint's first sentence
-    (read from each exercise's docstring, so it is the hint the learner will see)."""
+    """The exercises, one a line: name, chapter, difficulty, time, importance, the last verdict on
+    this machine and the hint's first sentence (read from each exercise's docstring, so it is the
+    hint the learner will see)."""
     from tutorials.exercises import EXERCISES
     rows = []
     for name in EXERCISES:
@@ -859,16 +937,22 @@ def listing():
     for name, exercise in _numeric.NUMERIC.items():
         chapter = re.search(r"chapter (\d+)", exercise.chapter)[1]
         rows.append((int(chapter), name, *NUMERIC_DIFFICULTY, _first_sentence(exercise.question) + " (--answer)"))
+    grades = _load_grades()
     width = max(len(r[1]) for r in rows)
-    lines = [f"{'exercise':<{width}}  ch  level      time    hint"]
+
+    def cells(name, level, minutes):
+        return (f"{'*' * level + '.' * (3 - level):<9}  {minutes:>3} min  "
+                f"{'+' * IMPORTANCE[name] + '.' * (5 - IMPORTANCE[name])}  {status(name, grades):<14}")
+
+    lines = [f"{'exercise':<{width}}  ch  level      time    matters  here{' ' * 10}  hint"]
     for chapter, name, level, minutes, hint in sorted(rows, key=lambda r: r[0]):
-        lines.append(f"{name:<{width}}  {chapter:>2}  {'*' * level + '.' * (3 - level):<9}  {minutes:>3} min  {hint}")
+        lines.append(f"{name:<{width}}  {chapter:>2}  {cells(name, level, minutes)}  {hint}")
         for k, step in enumerate(LADDERS.get(name, [])[:-1], 1):   # the last step is the exercise itself
             doc = (HERE / f"{step}.py").read_text().split('"""')[1]
-            step_level, step_minutes = DIFFICULTY[step]
-            lines.append(f"{'  --step ' + str(k):<{width}}  {chapter:>2}  "
-                         f"{'*' * step_level + '.' * (3 - step_level):<9}  {step_minutes:>3} min  "
+            lines.append(f"{'  --step ' + str(k):<{width}}  {chapter:>2}  {cells(step, *DIFFICULTY[step])}  "
                          f"{step}: {_first_sentence(doc.split('Hint:', 1)[1].split(chr(10) * 2, 1)[0], 80)}")
+    lines.append("matters: how much the idea matters for distributed training (+++++ most); here: the last "
+                 "verdict on this machine on your file (passed:quick = on --quick's worlds only).")
     lines.append("Grade one: python -m tutorials.exercises.grade NAME (--quick for worlds of 1-4 ranks; "
                  "--step K for step K of an exercise that lists steps).")
     return "\n".join(lines)
