@@ -20,13 +20,19 @@ WRONG_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,wrong,worlds,reason,words", WRONG_CASES, ids=[c[1] for c in WRONG_CASES])
-def test_wrong_step_is_told_why(name, wrong, worlds, reason, words):
+def told_why(name, wrong, worlds, reason, words):
+    """A wrong step fails on ``worlds`` for ``reason`` with every one of ``words`` in its verdict
+    (every ladder's test file checks its wrong steps with this)."""
     verdict = grade(name, str(WRONG / f"{wrong}.py"), quick=True, world_sizes=worlds)
     assert not verdict.passed
     assert verdict.reason == reason, verdict.text
     for w in words:
         assert w in verdict.text, f"{w!r} not in:\n{verdict.text}"
+
+
+@pytest.mark.parametrize("name,wrong,worlds,reason,words", WRONG_CASES, ids=[c[1] for c in WRONG_CASES])
+def test_wrong_step_is_told_why(name, wrong, worlds, reason, words):
+    told_why(name, wrong, worlds, reason, words)
 
 
 def test_every_step_is_a_stub_with_a_task_and_a_solution():

@@ -2,6 +2,7 @@
 and their exchange, ``--step 2`` the tokens sent in uneven pieces, ``--step 3`` moe_dispatch."""
 import pytest
 
+from tests.test_exercises_ladder import told_why
 from tutorials.exercises.grade import HERE, grade, main
 
 SOLUTIONS, WRONG = HERE / "solutions", HERE / "wrong"
@@ -28,11 +29,7 @@ WRONG_CASES = [
 
 @pytest.mark.parametrize("name,wrong,worlds,reason,words", WRONG_CASES, ids=[c[1] for c in WRONG_CASES])
 def test_wrong_step_is_told_why(name, wrong, worlds, reason, words):
-    verdict = grade(name, str(WRONG / f"{wrong}.py"), quick=True, world_sizes=worlds)
-    assert not verdict.passed
-    assert verdict.reason == reason, verdict.text
-    for w in words:
-        assert w in verdict.text, f"{w!r} not in:\n{verdict.text}"
+    told_why(name, wrong, worlds, reason, words)
 
 
 @pytest.mark.parametrize("name,k", [("moe_dispatch_counts", 1), ("moe_dispatch_tokens", 2)])
