@@ -123,6 +123,10 @@ def worker(args, rank, n, device):
         raise SystemExit(f"{n} ranks do not fill hosts of {per_host}: give --ranks-per-host")
     hosts = [g // per_host for g in range(n)]
     red = reduce_ops.reduction(dist.ReduceOp.SUM, torch.float32, "hierarchy")
+    # The doors below are made by hand; a door uses the group's shared memory once an API call
+    # has agreed and set it up, and gloo before that: one call here, so both doors are measured
+    # on the transport COLLECTIVES_TRANSPORT selects, as the built-in's neighbours would be.
+    collectives.barrier()
     calls = [0]
     rows = []
     for size in args.sizes:
