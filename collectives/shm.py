@@ -507,7 +507,11 @@ class ShmTransport:
         """Whether a message of this rank needs this rank to move more of it: a send not yet
         wholly in its mailbox, or a receive posted or partly read."""
         with self.lock:
-            return any(self.sends[p] or self.recvs[p] or self.current[p] is not None for p in self.local)
+            return any(self._moving(p) for p in self.local)
+
+    def _moving(self, p):
+        """Whether a message to or from ``p`` needs this rank to move more of its bytes."""
+        return bool(self.sends[p] or self.recvs[p] or self.current[p] is not None)
 
     def wait_elsewhere(self, work, timeout):
         """Wait for ``work`` of another transport (a gloo message) while moving this one's.
@@ -558,8 +562,7 @@ class ShmTransport:
             raise outcome[0]
 
     def _waited_peers(self):
-        return [p for p in self.local
-                if self.sends[p] or self.unread[p] or self.recvs[p] or self.current[p] is not None]
+        return [p for p in self.local if self._moving(p) or self.unread[p]]
 
     def _peer_died(self, peer, work):
         with self.lock:
