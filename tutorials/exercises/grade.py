@@ -861,9 +861,9 @@ IMPORTANCE = {
 
 def grades_path():
     """Where the verdicts on this machine are kept: ``$XDG_CACHE_HOME/collectives/grades.json``
-    (``~/.cache`` without it), beside the tuning tables."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "collectives" / "grades.json"
+    (``~/.cache`` without it), beside the tuning tables (``tables.cache_dir``)."""
+    from collectives.tuning.tables import cache_dir
+    return Path(cache_dir()) / "grades.json"
 
 
 def _fingerprint(name):
@@ -877,11 +877,7 @@ def remember(name, verdict, quick):
     """Keep ``verdict`` on ``name`` (the learner's own file) for ``--list``; a machine where the
     cache cannot be written loses only the list's column."""
     import json
-    path = grades_path()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
+    path, data = grades_path(), _load_grades()
     data[name] = {"passed": verdict.passed, "reason": verdict.reason, "quick": bool(quick),
                   "file": None if name in _numeric.NUMERIC else _fingerprint(name),
                   "when": time.strftime("%Y-%m-%d %H:%M")}
