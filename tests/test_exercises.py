@@ -159,7 +159,10 @@ WRONG_CASES += [   # issue 33: verdicts a learner can act on
       "call .wait() on each"]),
     ("send_recv_ring", "send_recv_ring_short_buffer", (2,), "buffer",
      ["a receive buffer too short with 2 ranks (tensor float32[1])", "into float32[0] (0 bytes), but rank",
-      "sends float32[1] (4 bytes): the receive buffer is shorter than the message"]),
+      "sent that message as float32[1] (4 bytes): the receive buffer is shorter than the message"]),
+    ("send_recv_ring", "send_recv_ring_short_buffer_sent_first", (2,), "buffer",   # the sender has moved on
+     ["a receive buffer too short with 2 ranks (tensor float32[1])", "into float32[0] (0 bytes), but rank",
+      "sent that message as float32[1] (4 bytes): the receive buffer is shorter than the message"]),
     ("all_reduce", "all_reduce_counts_own_twice", (3,), "wrong",
      ["(the result: this rank's own input is counted twice; every rank's contribution must be added once)"]),
 ]
