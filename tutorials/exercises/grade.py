@@ -651,7 +651,20 @@ def _worlds_line(outcomes):
     failed = [f"{n} ({o})" for n, o in sorted(outcomes.items()) if o != "pass"]
     head = f"Passed on worlds of {', '.join(passed)} rank{'s' if passed != ['1'] else ''}" if passed \
         else "Passed on no world"
-    return f"{head}; failed on {', '.join(failed)}."
+    return f"{head}; failed on {', '.join(failed)}." + _power_of_two_text(outcomes)
+
+
+def _power_of_two_text(outcomes):
+    """A sentence if the worlds that went wrong are exactly those whose size is not a power of two."""
+    def power(n):
+        return n & (n - 1) == 0
+    broken = sorted(n for n, o in outcomes.items() if o != "pass")
+    fine = [n for n, o in outcomes.items() if n > 1 and o == "pass"]
+    if not broken or not fine or any(power(n) for n in broken) or not all(power(n) for n in fine):
+        return ""
+    return (f" It fails only where N is not a power of two ({', '.join(map(str, broken))}): a schedule that "
+            f"pairs rank r with r XOR 2^k has no partner for some ranks there. Fold the ranks beyond the "
+            f"largest power of two in first, as chapter 5 (tutorials/05_algorithms.md) shows.")
 
 
 # Mistakes the same on every world: grading more worlds would only repeat them.
