@@ -156,6 +156,28 @@ def test_start_names_the_failing_rank_with_its_traceback_once():
     assert time.monotonic() - started < 45   # rank 0 was stopped, not left to its 60 s timeout
 
 
+def _reports_then_sleeps(queue):
+    queue.put((int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["MASTER_PORT"]) > 0))
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 gives up")
+    time.sleep(60)
+
+
+def test_a_started_world_reports_as_it_goes_and_is_stopped_when_the_block_ends():
+    """The grader watches its worlds itself: started() hands the ranks over without waiting."""
+    import multiprocessing
+    queue = multiprocessing.get_context("forkserver").Queue()
+    begun = time.monotonic()
+    with launch.started(_reports_then_sleeps, 3, queue, start_method="forkserver",
+                        preload=["tests.worlds"]) as (procs, endings):
+        assert sorted(queue.get(timeout=60) for _ in range(3)) == [(r, 3, True) for r in range(3)]
+        rank, ok, said = endings.get(timeout=60)
+        assert (rank, ok) == (1, False) and "ValueError: rank 1 gives up" in said
+        sleeping = [procs[0], procs[2]]
+    assert all(p.exitcode is not None for p in sleeping)
+    assert time.monotonic() - begun < 45    # stopped, not left to their 60 s sleep
+
+
 def test_start_hard_timeout_kills_the_world():
     marker = f"collectives-test-{uuid.uuid4().hex}"
     with pytest.raises(TimeoutError, match="did not finish in 3 s"):

@@ -411,7 +411,39 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
         return _start(fn, world_size, args, env, timeout, start_method, preload, (built, layout))
 
 
-def _start(fn, world_size, args, env, timeout, start_method, preload, lab):
+@contextlib.contextmanager
+def started(fn, world_size, *args, env=None, start_method="spawn", preload=()):
+    """Start ``world_size`` processes running ``fn(*args)``, as :func:`start_world` does, and
+    hand them over without waiting: for a caller that watches the world itself (the course's
+    grader reads each rank's reports as they come and decides when a world is stuck).
+
+    The launcher's part is the same as for every world it starts: the job's store held here
+    (ranks join with ``init_method="env://"``), the rank's environment, a fork server that
+    imported ``preload`` once, and every rank stopped when the block ends.
+
+    Args:
+        fn, world_size, *args, env, start_method, preload: as :func:`start_world`.
+
+    Yields:
+        (list[multiprocessing.Process], multiprocessing.Queue): the ranks, in rank order, and the
+        launcher's queue of their endings, ``(rank, ok, value)``: ``fn``'s return value, or the
+        traceback of what it raised (as :class:`WorldError` would show it).
+
+    Example::
+
+        >>> with started(worker, 2, queue, start_method="forkserver") as (procs, endings):
+        ...     first = queue.get(timeout=60)     # the ranks report on a queue of the caller's
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number of at least 1, got {world_size!r}")
+    with _started(fn, world_size, args, env, start_method, preload, None) as (procs, endings, _stacks_dir):
+        yield procs, endings
+
+
+@contextlib.contextmanager
+def _started(fn, world_size, args, env, start_method, preload, lab):
+    """The processes of one world, started; yields (procs, results queue, stacks folder) and stops
+    every rank, releases the store and removes the stacks folder when the block ends."""
     if lab:
         # The store lives on host 0, at its address; the namespace is the lab's own, so port 0
         # (any free port) cannot meet another program's.
@@ -450,58 +482,69 @@ def _start(fn, world_size, args, env, timeout, start_method, preload, lab):
     with _environment(env) if start_method == "spawn" else contextlib.nullcontext():
         for p in procs:
             p.start()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    out, errors, silent_since = {}, {}, {}
     try:
-        while len(out) < world_size and not errors:
-            try:
-                rank, ok, value = results.get(timeout=0.1)
-            except queue.Empty:
-                pass
-            else:
-                if ok:
-                    out[rank] = value
-                else:
-                    errors[rank] = value
-                continue
-            now = time.monotonic()
-            for r, p in enumerate(procs):
-                if p.exitcode is None or r in out or r in errors:
-                    continue
-                # A result may still be in the pipe: give it a moment before calling the rank silent.
-                if now - silent_since.setdefault(r, now) > 1.0:
-                    if p.exitcode == 0:     # exited cleanly without a result: done, as torchrun judges it
-                        out[r] = None
-                    else:
-                        errors[r] = ("died", p.exitcode)
-            if deadline is not None and now > deadline:
-                name = getattr(fn, "__name__", fn)
-                raise TimeoutError(f"{name} on {world_size} ranks did not finish in {timeout:g} s; "
-                                   f"ranks done: {sorted(out)}, failed: {sorted(errors)}"
-                                   f"{_stacks(procs, stacks, set(out) | set(errors))}")
-        if errors:
-            first = next(iter(errors))
-            # The peers of a failed rank fail within moments; hear them before naming the cause.
-            grace = time.monotonic() + 0.5
-            while time.monotonic() < grace:
-                try:
-                    rank, ok, value = results.get(timeout=0.1)
-                    if not ok:
-                        errors.setdefault(rank, value)
-                except queue.Empty:
-                    pass
-            # A rank that has exited with an error status and said nothing may be the cause the
-            # first report came from (its peers can report before it has been silent for long);
-            # none has been stopped yet, so every such status is the rank's own.
-            for r, p in enumerate(procs):
-                if r not in errors and r not in out and p.exitcode:
-                    errors[r] = ("died", p.exitcode)
-            cause, text = _report(errors, first, world_size)
-            raise WorldError(text, cause, errors)
+        yield procs, results, stacks
     finally:
         _stop(procs)
         del store
         shutil.rmtree(stacks, ignore_errors=True)
+
+
+def _start(fn, world_size, args, env, timeout, start_method, preload, lab):
+    with _started(fn, world_size, args, env, start_method, preload, lab) as (procs, results, stacks):
+        return _wait(fn, world_size, procs, results, stacks, timeout)
+
+
+def _wait(fn, world_size, procs, results, stacks, timeout):
+    """Every rank's result, in rank order; a rank's failure or the timeout raised as WorldError
+    or TimeoutError (see :func:`start_world`)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out, errors, silent_since = {}, {}, {}
+    while len(out) < world_size and not errors:
+        try:
+            rank, ok, value = results.get(timeout=0.1)
+        except queue.Empty:
+            pass
+        else:
+            if ok:
+                out[rank] = value
+            else:
+                errors[rank] = value
+            continue
+        now = time.monotonic()
+        for r, p in enumerate(procs):
+            if p.exitcode is None or r in out or r in errors:
+                continue
+            # A result may still be in the pipe: give it a moment before calling the rank silent.
+            if now - silent_since.setdefault(r, now) > 1.0:
+                if p.exitcode == 0:     # exited cleanly without a result: done, as torchrun judges it
+                    out[r] = None
+                else:
+                    errors[r] = ("died", p.exitcode)
+        if deadline is not None and now > deadline:
+            name = getattr(fn, "__name__", fn)
+            raise TimeoutError(f"{name} on {world_size} ranks did not finish in {timeout:g} s; "
+                               f"ranks done: {sorted(out)}, failed: {sorted(errors)}"
+                               f"{_stacks(procs, stacks, set(out) | set(errors))}")
+    if errors:
+        first = next(iter(errors))
+        # The peers of a failed rank fail within moments; hear them before naming the cause.
+        grace = time.monotonic() + 0.5
+        while time.monotonic() < grace:
+            try:
+                rank, ok, value = results.get(timeout=0.1)
+                if not ok:
+                    errors.setdefault(rank, value)
+            except queue.Empty:
+                pass
+        # A rank that has exited with an error status and said nothing may be the cause the
+        # first report came from (its peers can report before it has been silent for long);
+        # none has been stopped yet, so every such status is the rank's own.
+        for r, p in enumerate(procs):
+            if r not in errors and r not in out and p.exitcode:
+                errors[r] = ("died", p.exitcode)
+        cause, text = _report(errors, first, world_size)
+        raise WorldError(text, cause, errors)
     return [out.get(r) for r in range(world_size)]
 
 

@@ -58,14 +58,16 @@ def _where_called(exc, source):
     return f"line {frame.lineno} of {os.path.basename(frame.filename)}: {(frame.line or '').strip()}"
 
 
-def worker(rank, world_size, port, name, source, quick, status, progress, log, results):
-    """One rank of a graded world: run every case, report each on ``results``."""
+def worker(name, source, quick, status, progress, log, results):
+    """One rank of a graded world (started by the launcher, which sets RANK and WORLD_SIZE and
+    holds the store): run every case, report each on ``results``."""
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _watch.attach(rank, status, progress, log)
     torch.set_num_threads(1)
     os.environ["COLLECTIVES_TIMEOUT"] = "600"   # the parent decides when a world is stuck
     set_status("starting")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=600))
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=600))
     _watch.patch(source)
     try:
         fn = load(source, name)

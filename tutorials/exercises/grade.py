@@ -64,7 +64,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from collectives.tools.launch import free_port
+from collectives.tools import launch
 from tutorials.exercises import _checks, _numeric, _watch, _worker
 from tutorials.exercises._checks_ladder import LADDERS
 
@@ -200,85 +200,95 @@ class World:
 
 
 def run_world(name, source, n, quick, hang_seconds):
+    """One world of ``n`` ranks grading ``source``: started by the launcher (its store, its fork
+    server, which imports the worker once), watched here until it finishes or stops moving."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tutorials.exercises._worker"])
     status = ctx.RawArray(ctypes.c_char, n * _watch.SLOT)
     progress = ctx.RawArray(ctypes.c_longlong, n)
     log = ctx.RawArray(ctypes.c_char, n * _watch.LOG_SLOT)
     results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker.worker, daemon=True,
-                         args=(r, n, port, name, source, quick, status, progress, log, results)) for r in range(n)]
-    for p in procs:
-        p.start()
+    try:
+        with launch.started(_worker.worker, n, name, source, quick, status, progress, log, results,
+                            start_method="forkserver", preload=["tutorials.exercises._worker"]) as (procs, endings):
+            return _watch_world(name, n, procs, endings, results, status, progress, log, hang_seconds)
+    finally:
+        results.close()
+
+
+def _watch_world(name, n, procs, endings, results, status, progress, log, hang_seconds):
     world, ready, done = World(n), set(), set()
     started = last_change = time.monotonic()
     last, stop_at = None, None
-    try:
-        while True:
-            now = time.monotonic()
-            if stop_at is not None and now > stop_at:
-                break
-            try:
-                rank, kind, index, payload = results.get(timeout=0.1)
-            except queue.Empty:
-                pass
+    while True:
+        now = time.monotonic()
+        if stop_at is not None and now > stop_at:
+            break
+        try:
+            rank, kind, index, payload = results.get(timeout=0.1)
+        except queue.Empty:
+            pass
+        else:
+            if kind == "ready":
+                ready.add(rank)
+                world.total = index
+            elif kind == "case":
+                reports = world.cases.setdefault(index, {})
+                reports[rank] = payload
+                if len(reports) == n and not all(o["ok"] for o, _ in reports.values()):
+                    break            # a wrong case: no need to run the rest
+            elif kind == "done":
+                done.add(rank)
+                if len(done) == n:
+                    break
+            elif world.stop is None:
+                world.stop = (kind, rank, index, payload)
+                world.statuses, world.logs = _where(status, log, n)   # a short receive shows here
+                stop_at = time.monotonic() + 1.0   # collect the other ranks' reports for a moment
             else:
-                if kind == "ready":
-                    ready.add(rank)
-                    world.total = index
-                elif kind == "case":
-                    reports = world.cases.setdefault(index, {})
-                    reports[rank] = payload
-                    if len(reports) == n and not all(o["ok"] for o, _ in reports.values()):
-                        break            # a wrong case: no need to run the rest
-                elif kind == "done":
-                    done.add(rank)
-                    if len(done) == n:
-                        break
-                elif world.stop is None:
-                    world.stop = (kind, rank, index, payload)
-                    world.statuses, world.logs = _where(status, log, n)   # a short receive shows here
-                    stop_at = time.monotonic() + 1.0   # collect the other ranks' reports for a moment
-                else:
-                    world.others[rank] = (kind, payload)
-            snapshot = tuple(progress)
-            if snapshot != last:
-                last, last_change = snapshot, now
-            if world.stop is None:
-                quiet = now - last_change
-                if len(ready) == n and min(hang_seconds, WAIT_SECONDS) < quiet <= hang_seconds:
-                    statuses = [_status_of(status, r) for r in range(n)]
-                    if _all_blocked(statuses, name):
-                        world.stop = ("deadlock", None, len(_complete(world)), min(hang_seconds, WAIT_SECONDS))
-                        world.statuses, world.logs = statuses, _where(status, log, n)[1]
-                        break
-                if len(ready) == n and quiet > hang_seconds:
-                    world.stop = ("deadlock", None, len(_complete(world)), hang_seconds)
-                    world.statuses, world.logs = _where(status, log, n)
+                world.others[rank] = (kind, payload)
+        snapshot = tuple(progress)
+        if snapshot != last:
+            last, last_change = snapshot, now
+        if world.stop is None:
+            quiet = now - last_change
+            if len(ready) == n and min(hang_seconds, WAIT_SECONDS) < quiet <= hang_seconds:
+                statuses = [_status_of(status, r) for r in range(n)]
+                if _all_blocked(statuses, name):
+                    world.stop = ("deadlock", None, len(_complete(world)), min(hang_seconds, WAIT_SECONDS))
+                    world.statuses, world.logs = statuses, _where(status, log, n)[1]
                     break
-                if len(ready) == n and now - started > START_SECONDS + WORLD_SECONDS:
-                    world.stop = ("slow", None, len(_complete(world)), WORLD_SECONDS)
-                    world.statuses, world.logs = _where(status, log, n)
-                    break
-                if len(ready) < n and now - started > START_SECONDS:
-                    world.stop = ("died", None, None, f"the world of {n} did not start in {START_SECONDS} s")
-                    break
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
-                if dead:
-                    r = dead[0]
-                    world.stop = ("died", r, len(_complete(world)),
-                                  f"rank {r} died with exit code {procs[r].exitcode} (no Python traceback)")
-                    world.statuses, world.logs = _where(status, log, n)
-                    stop_at = time.monotonic() + 1.0
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
-        results.close()
+            if len(ready) == n and quiet > hang_seconds:
+                world.stop = ("deadlock", None, len(_complete(world)), hang_seconds)
+                world.statuses, world.logs = _where(status, log, n)
+                break
+            if len(ready) == n and now - started > START_SECONDS + WORLD_SECONDS:
+                world.stop = ("slow", None, len(_complete(world)), WORLD_SECONDS)
+                world.statuses, world.logs = _where(status, log, n)
+                break
+            if len(ready) < n and now - started > START_SECONDS:
+                world.stop = ("died", None, None, f"the world of {n} did not start in {START_SECONDS} s")
+                break
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
+            if dead:
+                r = dead[0]
+                said = _ending(endings, r)   # what escaped the worker itself (its setup), if anything
+                world.stop = ("died", r, len(_complete(world)),
+                              f"rank {r} died with exit code {procs[r].exitcode} "
+                              + (f"after this error:\n{said.rstrip()}\n" if said else "(no Python traceback)"))
+                world.statuses, world.logs = _where(status, log, n)
+                stop_at = time.monotonic() + 1.0
     return world
+
+
+def _ending(endings, rank):
+    """The traceback the launcher heard from ``rank`` (an error outside the learner's cases), or None."""
+    while True:
+        try:
+            r, ok, value = endings.get(timeout=0.2)
+        except queue.Empty:
+            return None
+        if r == rank and not ok:
+            return str(value)
 
 
 NEVER_WAITED = "; never waited on: "
