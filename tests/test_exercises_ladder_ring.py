@@ -23,6 +23,10 @@ WRONG_CASES = [
     ("ring_attention_rotate", "ring_attention_rotate_v_like_k", (2,), "wrong",
      ["k float64[3, 4], v float64[3, 2] a rank", "v: expected float64[3, 2], found float64[3, 4]",
       "v came back shaped like k, [3, 4], not [3, 2]", "receive it into torch.empty_like(v)"]),
+    ("ring_attention_rotate", "ring_attention_rotate_gathers_once", (2,), "wrong",     # right blocks, no ring
+     ["rank 0: after rotation 2 of 2 this rank holds the right block (rank 0's), but rotation 2 sent 0 bytes "
+      "in 0 messages", "(a rotation sends the block it was handed, k and v, 96 bytes, once, to rank r + 1 = 1",
+      "each rank holds one travelling block, never all N)"]),
     ("ring_attention_merge", "ring_attention_merge_no_rescale", None, "wrong",
      ["o / l wrong after merging block 4 of 4 (block 1 folded in by the grader)",
       "this is the merge without its rescale", "multiply the old l and o by exp(m - m')"]),

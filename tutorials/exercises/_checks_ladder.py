@@ -481,10 +481,30 @@ class RingAttentionRotate:
                                           f"+ 0.5):")
                 report["lines"] += self.mistake(got, handed, rank, n, s, sends)
                 return report
+            moved = self.moved(sends, rank, n, s, handed)
+            if moved:
+                return {"ok": False, "lines": moved}
             k, v = got
             held.append(j)
         return {"ok": True, "lines": [f"after rotations 1 to {n} held the blocks of ranks "
                                       f"{', '.join(map(str, held))}  ok"]}
+
+    def moved(self, sends, rank, n, s, handed):
+        """Lines saying how rotation s's messages differ from the block sent once to rank r + 1, or []:
+        blocks handed out from a store filled by one exchange with every rank arrive right, but every
+        rank then holds all N blocks at once, the memory a ring exists to avoid."""
+        size = sum(t.numel() * t.element_size() for t in handed)
+        sent = sum(nbytes for _, nbytes in sends)
+        peers = sorted({p for p, _ in sends})
+        right = (rank + 1) % n
+        if n == 1 or size == 0 or (peers == [right] and sent == size):
+            return []
+        where = f" to {_ranks(peers)}" if peers else ""
+        return [f"after rotation {s} of {n} this rank holds the right block (rank {(rank - s) % n}'s), but "
+                f"rotation {s} sent {sent} bytes in {len(sends)} message{'s' if len(sends) != 1 else ''}{where}",
+                f"(a rotation sends the block it was handed, k and v, {size} bytes, once, to rank r + 1 = "
+                f"{right}, and receives the next from rank r - 1: each rank holds one travelling block, "
+                f"never all N)"]
 
     def mistake(self, got, handed, rank, n, s, sends):
         """Lines naming the likely mistake behind a wrong rotation."""
