@@ -103,3 +103,16 @@ def test_steps_on_the_command_line(capsys):
     assert "ring_attention_rotate: Post the four messages together in one dist.batch_isend_irecv" in lines[at + 1]
     assert lines[at + 2].split()[:6] == ["--step", "2", "20", "**.", "20", "min"]
     assert "ring_attention_merge: Rescale what was summed under the old maximum." in lines[at + 2]
+
+
+def test_a_state_of_the_wrong_shape_is_named(tmp_path):
+    keepdim = tmp_path / "keepdim.py"
+    keepdim.write_text("import torch\n\n\ndef ring_attention_merge(o, m, l, s, v):\n"
+                       "    m_new = torch.maximum(m.unsqueeze(-1), s.amax(-1, keepdim=True))\n"
+                       "    p, fade = torch.exp(s - m_new), torch.exp(m.unsqueeze(-1) - m_new)\n"
+                       "    return o * fade + p @ v, m_new, l.unsqueeze(-1) * fade + p.sum(-1, keepdim=True)\n")
+    verdict = grade("ring_attention_merge", str(keepdim), quick=True)
+    assert verdict.reason == "wrong", verdict.text
+    assert ("returned o float64[2, 3], m float64[2, 1], l float64[2, 1] after merging block 1 of 1" in verdict.text
+            and "the state is o float64[2, 3], m and l float64[2] (one value per query row: no keepdim)"
+            in verdict.text)

@@ -646,10 +646,16 @@ class RingAttentionMerge:
                         want_m = seen_s.amax(-1)
                         want_l = torch.exp(seen_s - want_m.unsqueeze(-1)).sum(-1)
                         want = torch.softmax(seen_s, -1) @ seen_v
+                        kinds = [(tuple(t.shape), t.dtype) for t in got]
+                        if kinds != [(tuple(o.shape), o.dtype), (tuple(m.shape), m.dtype), (tuple(l.shape), l.dtype)]:
+                            found = ", ".join(f"{what} {_checks().name_of(t.dtype)}{list(t.shape)}"
+                                              for what, t in zip("oml", got))
+                            return False, "wrong", (f"FAIL {name}: returned {found} {where}; the state is o "
+                                                    f"float64{list(o.shape)}, m and l float64{list(m.shape)} (one "
+                                                    f"value per query row: no keepdim), as handed in.")
                         before = (o, m, l, s, v)
                         o, m, l = got
-                        attention = o / l.unsqueeze(-1) if o.dim() == 2 and l.shape == m.shape == want_m.shape \
-                            else o
+                        attention = o / l.unsqueeze(-1)
                         for what, expected, received in (("o / l", want, attention), ("m", want_m, m),
                                                           ("l", want_l, l)):
                             if what not in first and not _close(expected, received):
