@@ -29,6 +29,8 @@ from tutorials.exercises import _checks, _routes
 from tutorials.exercises._routes import BuiltinUsed
 
 SLOT = 400  # bytes of status text per rank in the shared array
+LOG_SLOT = 1024   # bytes per rank of its message log (``log_message``)
+LOG_RUNS = 4      # runs of same-shaped messages kept per peer and direction
 
 # Every collective a solution must not call (the exercises build them from messages).
 BUILTINS = [
@@ -85,6 +87,8 @@ class Counters:
 
 COUNTERS = Counters()
 _status = None      # shared char array, SLOT bytes per rank
+_log = None         # shared char array, LOG_SLOT bytes per rank: the shapes of its latest messages
+_runs = {}          # ("s" or "r", peer) -> [[first ordinal, last ordinal, shape], ...]
 _progress = None    # shared int64 array, one per rank: bumped at every call entry and exit
 _rank = 0
 
@@ -101,6 +105,26 @@ def set_status(text):
     start = _rank * SLOT
     _status[start:start + len(data) + 1] = data + b"\0"
     _progress[_rank] += 1
+
+
+def log_message(kind, peer, tensor):
+    """Write the shape of this rank's k-th message to or from ``peer`` where the parent can read it.
+    A status says only where a rank is now; by the time gloo aborts a receiver whose buffer was too
+    short, the sender has finished that send and moved on, so the parent pairs the k-th receive from
+    a peer with that peer's k-th send instead (gloo keeps each pair's messages in order)."""
+    if _log is None:
+        return
+    runs = _runs.setdefault((kind, peer), [])
+    ordinal, shape = (runs[-1][1] + 1 if runs else 0), describe(tensor)
+    if runs and runs[-1][2] == shape:
+        runs[-1][1] = ordinal
+    else:
+        runs.append([ordinal, ordinal, shape])
+        del runs[:-LOG_RUNS]
+    text = ";".join(f"{k}{p}:{a}-{b}={s}" for (k, p), rs in _runs.items() for a, b, s in rs)
+    data = text.encode()[:LOG_SLOT - 1]
+    start = _rank * LOG_SLOT
+    _log[start:start + len(data) + 1] = data + b"\0"
 
 
 def describe(tensor):
@@ -134,6 +158,7 @@ class Request:
 
 def _count(kind, tensor, peer):
     nbytes = tensor.numel() * tensor.element_size()
+    log_message("s" if kind == "send" else "r", peer, tensor)
     if kind == "send":
         COUNTERS.sent_bytes += nbytes
         COUNTERS.sent_messages += 1
@@ -271,10 +296,10 @@ def _where_called(exc, source):
     return f"line {frame.lineno} of {os.path.basename(frame.filename)}: {(frame.line or '').strip()}"
 
 
-def worker(rank, world_size, port, name, source, quick, status, progress, results):
+def worker(rank, world_size, port, name, source, quick, status, progress, log, results):
     """One rank of a graded world: run every case, report each on ``results``."""
-    global _status, _progress, _rank
-    _status, _progress, _rank = status, progress, rank
+    global _status, _progress, _log, _rank
+    _status, _progress, _log, _rank = status, progress, log, rank
     torch.set_num_threads(1)
     os.environ["COLLECTIVES_TIMEOUT"] = "600"   # the parent decides when a world is stuck
     set_status("starting")
