@@ -116,3 +116,15 @@ def test_a_state_of_the_wrong_shape_is_named(tmp_path):
     assert ("returned o float64[2, 3], m float64[2, 1], l float64[2, 1] after merging block 1 of 1" in verdict.text
             and "the state is o float64[2, 3], m and l float64[2] (one value per query row: no keepdim)"
             in verdict.text)
+
+
+def test_a_merge_that_writes_into_the_block_s_scores_is_told(tmp_path):
+    in_place = tmp_path / "in_place.py"
+    in_place.write_text("import torch\n\n\ndef ring_attention_merge(o, m, l, s, v):\n"
+                        "    m_new = torch.maximum(m, s.amax(-1))\n    p = s.sub_(m_new.unsqueeze(-1)).exp_()\n"
+                        "    fade = torch.exp(m - m_new)\n"
+                        "    return o * fade.unsqueeze(-1) + p @ v, m_new, l * fade + p.sum(-1)\n")
+    verdict = grade("ring_attention_merge", str(in_place), quick=True)
+    assert verdict.reason == "changed_input", verdict.text
+    assert verdict.text.startswith("FAIL ring_attention_merge: it changes its input after merging block 1 of 1")
+    assert "s held [" in verdict.text and "s and v are read, never written" in verdict.text

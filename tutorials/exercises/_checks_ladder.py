@@ -599,87 +599,7 @@ class RingAttentionMerge:
             except Exception:
                 return False, "load_error", (f"FAIL {name}: {shown} does not load:\n"
                                              f"{traceback.format_exc(limit=-1)}")
-            counts = world_sizes or ((1, 2, 3, 4) if quick else (1, 2, 3, 5))
-            first, merges = {}, 0    # what -> the first mismatch of o / l, of m, of l
-            for salt, case in enumerate(self.SHAPES):
-                if quick and case["rows"] == 1:
-                    continue
-                for n in counts:
-                    scores, values = self.blocks(case, n, 100 * salt + n)
-                    o = torch.zeros(case["rows"], case["dv"], dtype=torch.float64)
-                    m = torch.full((case["rows"],), float("-inf"), dtype=torch.float64)
-                    l = torch.zeros(case["rows"], dtype=torch.float64)
-                    for j, (s, v) in enumerate(zip(scores, values)):
-                        if j == 0 and n > 1:
-                            # the grader folds the first block in itself: the merge must work from
-                            # (o, m, l) alone, not from blocks it kept (it never sees this one)
-                            o, m, l = _fold(o, m, l, s, v)
-                            continue
-                        handed = [o.clone(), m.clone(), l.clone(), s.clone(), v.clone()]
-                        try:
-                            got = fn(*handed)
-                        except NotImplementedError:
-                            return False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises "
-                                                          f"NotImplementedError. Write its body, then grade it again.")
-                        except _routes.BuiltinUsed:
-                            raise
-                        except Exception:
-                            return False, "crash", (f"FAIL {name}: it raised {self.words(case, n, j, scores)}:\n"
-                                                    f"{traceback.format_exc(limit=-2)}")
-                        where = self.words(case, n, j, scores)
-                        if not (isinstance(got, (tuple, list)) and len(got) == 3
-                                and all(isinstance(t, torch.Tensor) for t in got)):
-                            return False, "wrong", (f"FAIL {name}: returned {type(got).__name__}"
-                                                    f"{' of ' + str(len(got)) if isinstance(got, (tuple, list)) else ''}"
-                                                    f" {where}, not (o, m, l): three tensors, the new state.")
-                        changed = [f"{what} held {_checks().show(before)} before the call and "
-                                   f"{_checks().show(now)} after" for what, before, now
-                                   in (("s", s, handed[3]), ("v", v, handed[4]))
-                                   if not (now.shape == before.shape and torch.equal(now, before))]
-                        if changed:
-                            return False, "changed_input", (f"FAIL {name}: it changes its input {where}:\n  "
-                                                            + "\n  ".join(changed) + "\nThe block's scores and "
-                                                            "values are read, never written: step 3 passes the "
-                                                            "same block on to the next rank. See " + self.chapter + ".")
-                        merges += 1
-                        seen_s, seen_v = torch.cat(scores[:j + 1], -1), torch.cat(values[:j + 1])
-                        want_m = seen_s.amax(-1)
-                        want_l = torch.exp(seen_s - want_m.unsqueeze(-1)).sum(-1)
-                        want = torch.softmax(seen_s, -1) @ seen_v
-                        kinds = [(tuple(t.shape), t.dtype) for t in got]
-                        if kinds != [(tuple(o.shape), o.dtype), (tuple(m.shape), m.dtype), (tuple(l.shape), l.dtype)]:
-                            found = ", ".join(f"{what} {_checks().name_of(t.dtype)}{list(t.shape)}"
-                                              for what, t in zip("oml", got))
-                            return False, "wrong", (f"FAIL {name}: returned {found} {where}; the state is o "
-                                                    f"float64{list(o.shape)}, m and l float64{list(m.shape)} (one "
-                                                    f"value per query row: no keepdim), as handed in.")
-                        before = (o, m, l, s, v)
-                        o, m, l = got
-                        attention = o / l.unsqueeze(-1)
-                        for what, expected, received in (("o / l", want, attention), ("m", want_m, m),
-                                                          ("l", want_l, l)):
-                            if what not in first and not _close(expected, received):
-                                first[what] = (where, expected, received, self.mistake(what, received, before))
-            for what in ("o / l", "m", "l"):    # the attention first: a state kept otherwise matters less
-                if what in first:
-                    where, expected, received, hint = first[what]
-                    lines = [f"FAIL {name}: {what} wrong {where}."]
-                    if expected.shape != received.shape or expected.dtype != received.dtype:
-                        lines.append(f"  expected {_checks().name_of(expected.dtype)}{list(expected.shape)}, found "
-                                     f"{_checks().name_of(received.dtype)}{list(received.shape)}")
-                    else:
-                        lines += [f"  expected {_checks().show(expected)}", f"  received {_checks().show(received)}"]
-                    meaning = {"o / l": "softmax attention over every block so far, torch.softmax(S, -1) @ V",
-                               "m": "each row's largest score over every block so far",
-                               "l": "the sum of exp(score - m) over every block so far"}[what]
-                    lines.append(f"({what} must be {meaning}.)")
-                    if hint:
-                        lines.append(hint)
-                    lines.append(f"The online softmax: {MERGE}. See {self.chapter}, \"The forward pass\".")
-                    return False, "wrong", "\n".join(lines)
-            return True, "pass", (f"PASS {name}: o / l equals torch's softmax attention over the blocks so far, "
-                                  f"m and l the running maximum and sum, after all {merges} merges (runs of "
-                                  f"{', '.join(map(str, counts))} blocks, scores up to the thousands).")
+            return self.runs(fn, name, shown, world_sizes or ((1, 2, 3, 4) if quick else (1, 2, 3, 5)), quick)
         except _routes.BuiltinUsed as exc:
             frames = [f for f in traceback.extract_tb(exc.__traceback__)
                       if os.path.abspath(f.filename) == _routes.source_file(source)]
@@ -690,6 +610,94 @@ class RingAttentionMerge:
                                       f"{self.chapter}.")
         finally:
             restore()
+
+    def runs(self, fn, name, shown, counts, quick):
+        """(passed, reason, text) over runs of ``counts`` blocks: the first merge that cannot be compared
+        (not written, raised, a changed input, a state of other shapes) stops grading; else the first
+        wrong o / l over all runs is the verdict, then the first wrong m, then l."""
+        first, merges = {}, 0    # what -> the first mismatch of o / l, of m, of l
+        for salt, case in enumerate(self.SHAPES):
+            if quick and case["rows"] == 1:
+                continue
+            for n in counts:
+                scores, values = self.blocks(case, n, 100 * salt + n)
+                o = torch.zeros(case["rows"], case["dv"], dtype=torch.float64)
+                m = torch.full((case["rows"],), float("-inf"), dtype=torch.float64)
+                l = torch.zeros(case["rows"], dtype=torch.float64)
+                for j, (s, v) in enumerate(zip(scores, values)):
+                    if j == 0 and n > 1:
+                        # the grader folds the first block in itself: the merge must work from
+                        # (o, m, l) alone, not from blocks it kept (it never sees this one)
+                        o, m, l = _fold(o, m, l, s, v)
+                        continue
+                    where = self.words(case, n, j, scores)
+                    got, failed = self.call(fn, name, shown, (o, m, l, s, v), where)
+                    if failed:
+                        return failed
+                    merges += 1
+                    seen_s, seen_v = torch.cat(scores[:j + 1], -1), torch.cat(values[:j + 1])
+                    want_m = seen_s.amax(-1)
+                    want = [("o / l", torch.softmax(seen_s, -1) @ seen_v), ("m", want_m),
+                            ("l", torch.exp(seen_s - want_m.unsqueeze(-1)).sum(-1))]
+                    before = (o, m, l, s, v)
+                    o, m, l = got
+                    for (what, expected), received in zip(want, (o / l.unsqueeze(-1), m, l)):
+                        if what not in first and not _close(expected, received):
+                            first[what] = (where, expected, received, self.mistake(what, received, before))
+        for what in ("o / l", "m", "l"):    # the attention first: a state kept otherwise matters less
+            if what in first:
+                return False, "wrong", self.wrong_text(name, what, *first[what])
+        return True, "pass", (f"PASS {name}: o / l equals torch's softmax attention over the blocks so far, "
+                              f"m and l the running maximum and sum, after all {merges} merges (runs of "
+                              f"{', '.join(map(str, counts))} blocks, scores up to the thousands).")
+
+    def call(self, fn, name, shown, state, where):
+        """(the new (o, m, l), None), or (None, the verdict) where the merge cannot be compared."""
+        o, m, l, s, v = state
+        handed = [t.clone() for t in state]
+        try:
+            got = fn(*handed)
+        except NotImplementedError:
+            return None, (False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises NotImplementedError. "
+                                                 f"Write its body, then grade it again."))
+        except _routes.BuiltinUsed:
+            raise
+        except Exception:
+            return None, (False, "crash", f"FAIL {name}: it raised {where}:\n{traceback.format_exc(limit=-2)}")
+        if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+            size = f" of {len(got)}" if isinstance(got, (tuple, list)) else ""
+            return None, (False, "wrong", (f"FAIL {name}: returned {type(got).__name__}{size} {where}, not "
+                                           f"(o, m, l): three tensors, the new state."))
+        changed = [f"{what} held {_checks().show(before)} before the call and {_checks().show(now)} after"
+                   for what, before, now in (("s", s, handed[3]), ("v", v, handed[4]))
+                   if not (now.shape == before.shape and torch.equal(now, before))]
+        if changed:
+            return None, (False, "changed_input", (f"FAIL {name}: it changes its input {where}:\n  "
+                                                   + "\n  ".join(changed) + "\ns and v are read, never written: in "
+                                                   "step 3 the block travels on to the next rank after its merge, "
+                                                   f"and the caller keeps what it computed. See {self.chapter}."))
+        if [(t.shape, t.dtype) for t in got] != [(t.shape, t.dtype) for t in (o, m, l)]:
+            found = ", ".join(f"{what} {_checks().name_of(t.dtype)}{list(t.shape)}" for what, t in zip("oml", got))
+            return None, (False, "wrong", (f"FAIL {name}: returned {found} {where}; the state is o "
+                                           f"float64{list(o.shape)}, m and l float64{list(m.shape)} (one value "
+                                           f"per query row: no keepdim), as handed in."))
+        return got, None
+
+    def wrong_text(self, name, what, where, expected, received, hint):
+        lines = [f"FAIL {name}: {what} wrong {where}."]
+        if expected.shape != received.shape or expected.dtype != received.dtype:
+            lines.append(f"  expected {_checks().name_of(expected.dtype)}{list(expected.shape)}, found "
+                         f"{_checks().name_of(received.dtype)}{list(received.shape)}")
+        else:
+            lines += [f"  expected {_checks().show(expected)}", f"  received {_checks().show(received)}"]
+        meaning = {"o / l": "softmax attention over every block so far, torch.softmax(S, -1) @ V",
+                   "m": "each row's largest score over every block so far",
+                   "l": "the sum of exp(score - m) over every block so far"}[what]
+        lines.append(f"({what} must be {meaning}.)")
+        if hint:
+            lines.append(hint)
+        lines.append(f"The online softmax: {MERGE}. See {self.chapter}, \"The forward pass\".")
+        return "\n".join(lines)
 
     def mistake(self, what, received, before):
         """The likely mistake behind a wrong o / l, m or l, in words, or None: ``received`` is
