@@ -34,7 +34,8 @@ tokens, every token to the last expert, skewed):
 
 1. ``ring_attention_rotate(k, v)``: one move of the (k, v) blocks, to rank r + 1, from rank
    r - 1, posted together. Graded in worlds of processes, called N times in a row on what it
-   returned: after rotation s rank r holds rank r - s's block (values name the rank).
+   returned: after rotation s rank r holds rank r - s's block (values name the rank), and each
+   rotation sent the block it was handed once, to rank r + 1 (a store of every block fails).
 2. ``ring_attention_merge(o, m, l, s, v)``: the online softmax folds one block's scores and
    values into the running (o, m, l). Graded in this process after every merge of 1 to 5
    blocks against torch's softmax attention in float64, one case with scores in the thousands
