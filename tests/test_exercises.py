@@ -477,9 +477,11 @@ def test_list_says_how_much_each_matters_and_what_passed_here(capsys, tmp_path, 
 
 
 def test_the_power_of_two_pattern_is_named_only_where_it_holds():
-    from tutorials.exercises.grade import _worlds_line
+    from tutorials.exercises.grade import _power_of_two_text as named
     said = "It fails only where N is not a power of two"
-    assert said + " (3, 5)" in _worlds_line({1: "pass", 2: "pass", 3: "wrong", 4: "pass", 5: "deadlock", 8: "pass"})
-    assert said not in _worlds_line({2: "pass", 3: "wrong", 4: "traffic"})    # a power of two failed too
-    assert said not in _worlds_line({1: "pass", 3: "wrong"})                  # no power of two above 1 ran
-    assert said not in _worlds_line({2: "pass", 3: "pass", 4: "wrong"})
+    assert said + " (3, 5)" in named({1: "pass", 2: "pass", 3: "wrong", 4: "pass", 5: "deadlock", 8: "pass"})
+    assert "also the odd ones" in named({2: "pass", 3: "wrong", 4: "pass"})    # parity cannot be told apart
+    assert "odd" not in named({2: "pass", 3: "wrong", 4: "pass", 6: "wrong", 8: "pass"})
+    assert said not in named({2: "pass", 3: "wrong", 4: "traffic"})    # a power of two failed too
+    assert said not in named({1: "pass", 3: "wrong"})                  # no power of two above 1 ran
+    assert said not in named({2: "pass", 3: "pass", 4: "wrong"})

@@ -65,7 +65,7 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from collectives.tools.launch import free_port
-from tutorials.exercises import _checks, _numeric, _worker
+from tutorials.exercises import _checks, _numeric, _watch, _worker
 from tutorials.exercises._checks_ladder import LADDERS
 
 HERE = Path(__file__).resolve().parent
@@ -196,15 +196,15 @@ class World:
         self.stop = None         # None (finished), or (kind, rank, index, payload)
         self.others = {}         # rank -> (kind, payload) of ranks that failed after the first
         self.statuses = None     # where each rank was, for a deadlock
-        self.logs = None         # each rank's latest messages (_worker.log_message), read with the statuses
+        self.logs = None         # each rank's latest messages (_watch.log_message), read with the statuses
 
 
 def run_world(name, source, n, quick, hang_seconds):
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["tutorials.exercises._worker"])
-    status = ctx.RawArray(ctypes.c_char, n * _worker.SLOT)
+    status = ctx.RawArray(ctypes.c_char, n * _watch.SLOT)
     progress = ctx.RawArray(ctypes.c_longlong, n)
-    log = ctx.RawArray(ctypes.c_char, n * _worker.LOG_SLOT)
+    log = ctx.RawArray(ctypes.c_char, n * _watch.LOG_SLOT)
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker.worker, daemon=True,
@@ -297,8 +297,8 @@ def _where(status, log, n):
 
 
 def _log_of(log, rank):
-    """{(kind, peer): [(first, last, dtype, dims)]} from a rank's message log (_worker.log_message)."""
-    raw = bytes(log[rank * _worker.LOG_SLOT:(rank + 1) * _worker.LOG_SLOT]).split(b"\0", 1)[0]
+    """{(kind, peer): [(first, last, dtype, dims)]} from a rank's message log (_watch.log_message)."""
+    raw = bytes(log[rank * _watch.LOG_SLOT:(rank + 1) * _watch.LOG_SLOT]).split(b"\0", 1)[0]
     runs = {}
     for entry in raw.decode("utf-8", "replace").split(";"):
         got = _LOGGED.fullmatch(entry)
@@ -308,7 +308,7 @@ def _log_of(log, rank):
 
 
 def _status_of(status, rank):
-    raw = bytes(status[rank * _worker.SLOT:(rank + 1) * _worker.SLOT])
+    raw = bytes(status[rank * _watch.SLOT:(rank + 1) * _watch.SLOT])
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
@@ -651,20 +651,25 @@ def _worlds_line(outcomes):
     failed = [f"{n} ({o})" for n, o in sorted(outcomes.items()) if o != "pass"]
     head = f"Passed on worlds of {', '.join(passed)} rank{'s' if passed != ['1'] else ''}" if passed \
         else "Passed on no world"
-    return f"{head}; failed on {', '.join(failed)}." + _power_of_two_text(outcomes)
+    return f"{head}; failed on {', '.join(failed)}."
 
 
 def _power_of_two_text(outcomes):
-    """A sentence if the worlds that went wrong are exactly those whose size is not a power of two."""
+    """A sentence if the worlds that went wrong are exactly those whose size is not a power of two
+    (``outcomes`` must hold every world graded: one not run may have broken the pattern)."""
     def power(n):
         return n & (n - 1) == 0
     broken = sorted(n for n, o in outcomes.items() if o != "pass")
     fine = [n for n, o in outcomes.items() if n > 1 and o == "pass"]
     if not broken or not fine or any(power(n) for n in broken) or not all(power(n) for n in fine):
         return ""
-    return (f" It fails only where N is not a power of two ({', '.join(map(str, broken))}): a schedule that "
+    text = (f" It fails only where N is not a power of two ({', '.join(map(str, broken))}): a schedule that "
             f"pairs rank r with r XOR 2^k has no partner for some ranks there. Fold the ranks beyond the "
             f"largest power of two in first, as chapter 5 (tutorials/05_algorithms.md) shows.")
+    if all(n % 2 for n in broken) and not any(n % 2 == 0 and not power(n) for n in outcomes):
+        text += (" (Those worlds are also the odd ones graded: a schedule that pairs ranks by parity "
+                 "fails on the same worlds.)")
+    return text
 
 
 # Mistakes the same on every world: grading more worlds would only repeat them.
@@ -846,6 +851,8 @@ def _grade(name, solution, quick, hang_seconds, world_sizes, verbose):
                 why = ("stopped at the first deadlock: fix it, then grade again" if verdict.reason == "deadlock"
                        else "this mistake is the same on every world")
                 verdict.text += f" Not run: {', '.join(skipped)} ({why})."
+            else:
+                verdict.text += _power_of_two_text(outcomes)
         if verdict is None:
             text = (f"PASS {name}: correct in all {counted} cases on worlds of "
                     f"{', '.join(map(str, sorted(sizes)))} ranks.")
