@@ -456,21 +456,21 @@ class RingAttentionRotate:
                 f"rotated N times (a full turn)")
 
     def run(self, fn, case, rank, n):
-        from tutorials.exercises import _worker
+        from tutorials.exercises import _watch
         rows, dk, dv = case["rows"], case["dk"], case["dv"]
         k, v = _block(rank, rows, dk, 0.0), _block(rank, rows, dv, 0.5)
         held = []
         for s in range(1, n + 1):
             handed = (k.clone(), v.clone())
-            posted = len(_worker.COUNTERS.sends)
+            posted = len(_watch.COUNTERS.sends)
             got = fn(*handed)
-            sends = _worker.COUNTERS.sends[posted:]
+            sends = _watch.COUNTERS.sends[posted:]
             j = (rank - s) % n
             if not (isinstance(got, (tuple, list)) and len(got) == 2):
                 return {"ok": False, "lines": [f"rotation {s}: expected (k, v), found {type(got).__name__}"]}
-            report = _checks().compare([("k", _block(j, rows, dk, 0.0), got[0]),
+            report = _common.compare([("k", _block(j, rows, dk, 0.0), got[0]),
                                         ("v", _block(j, rows, dv, 0.5), got[1])])
-            report = _checks().untouched(report, [("k", k, handed[0]), ("v", v, handed[1])])
+            report = _common.untouched(report, [("k", k, handed[0]), ("v", v, handed[1])])
             if not report["ok"]:
                 report["lines"].insert(0, f"after rotation {s} of {n} this rank should hold rank {j}'s block "
                                           f"(rank r - {s}'s; k = 10000 x {j} + i at flat index i, v the same "
@@ -532,7 +532,7 @@ class RingAttentionRotate:
         if n == 1:
             return None
         c = case["rows"] * (case["dk"] + case["dv"]) * 8
-        return _checks().Need(sent_bytes=n * c, sent_messages=2 * n,
+        return _common.Need(sent_bytes=n * c, sent_messages=2 * n,
                               ideal=f"N x {c} = {n * c} bytes in 2N = {2 * n} messages (at each of the N "
                                     f"rotations k and v once, {c} bytes, to rank r + 1)",
                               algorithm="N rotations of the ring", chapter=self.chapter)
@@ -664,7 +664,7 @@ class RingAttentionMerge:
             size = f" of {len(got)}" if isinstance(got, (tuple, list)) else ""
             return None, (False, "wrong", (f"FAIL {name}: returned {type(got).__name__}{size} {where}, not "
                                            f"(o, m, l): three tensors, the new state."))
-        changed = [f"{what} held {_checks().show(before)} before the call and {_checks().show(now)} after"
+        changed = [f"{what} held {_common.show(before)} before the call and {_common.show(now)} after"
                    for what, before, now in (("s", s, handed[3]), ("v", v, handed[4]))
                    if not (now.shape == before.shape and torch.equal(now, before))]
         if changed:
@@ -673,7 +673,7 @@ class RingAttentionMerge:
                                                    "step 3 the block travels on to the next rank after its merge, "
                                                    f"and the caller keeps what it computed. See {self.chapter}."))
         if [(t.shape, t.dtype) for t in got] != [(t.shape, t.dtype) for t in (o, m, l)]:
-            found = ", ".join(f"{what} {_checks().name_of(t.dtype)}{list(t.shape)}" for what, t in zip("oml", got))
+            found = ", ".join(f"{what} {_common.name_of(t.dtype)}{list(t.shape)}" for what, t in zip("oml", got))
             return None, (False, "wrong", (f"FAIL {name}: returned {found} {where}; the state is o "
                                            f"float64{list(o.shape)}, m and l float64{list(m.shape)} (one value "
                                            f"per query row: no keepdim), as handed in."))
@@ -682,10 +682,10 @@ class RingAttentionMerge:
     def wrong_text(self, name, what, where, expected, received, hint):
         lines = [f"FAIL {name}: {what} wrong {where}."]
         if expected.shape != received.shape or expected.dtype != received.dtype:
-            lines.append(f"  expected {_checks().name_of(expected.dtype)}{list(expected.shape)}, found "
-                         f"{_checks().name_of(received.dtype)}{list(received.shape)}")
+            lines.append(f"  expected {_common.name_of(expected.dtype)}{list(expected.shape)}, found "
+                         f"{_common.name_of(received.dtype)}{list(received.shape)}")
         else:
-            lines += [f"  expected {_checks().show(expected)}", f"  received {_checks().show(received)}"]
+            lines += [f"  expected {_common.show(expected)}", f"  received {_common.show(received)}"]
         meaning = {"o / l": "softmax attention over every block so far, torch.softmax(S, -1) @ V",
                    "m": "each row's largest score over every block so far",
                    "l": "the sum of exp(score - m) over every block so far"}[what]
