@@ -247,7 +247,8 @@ def test_every_wrong_solution_is_tested():
     from tests.test_exercises_ladder import WRONG_CASES as LADDER            # the steps of pipeline_1f1b
     from tests.test_exercises_ladder_fsdp import WRONG_CASES as LADDER_FSDP  # the steps of fsdp_step
     from tests.test_exercises_ladder_moe import WRONG_CASES as LADDER_MOE    # the steps of moe_dispatch
-    tested = {c[1] for c in WRONG_CASES + PARALLEL_B + ZIGZAG + LADDER + LADDER_FSDP + LADDER_MOE}
+    from tests.test_exercises_ladder_ring import WRONG_CASES as LADDER_RING  # the steps of ring_attention
+    tested = {c[1] for c in WRONG_CASES + PARALLEL_B + ZIGZAG + LADDER + LADDER_FSDP + LADDER_MOE + LADDER_RING}
     on_disk = {p.stem for p in WRONG.glob("*.py") if p.stem != "__init__"}
     assert on_disk == tested
 

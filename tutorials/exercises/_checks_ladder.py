@@ -29,6 +29,18 @@ tokens, every token to the last expert, skewed):
 2. ``moe_dispatch_tokens(tokens, expert_of, send, recv)``: the counts given, the tokens sent
    to their experts in uneven pieces.
 3. ``moe_dispatch``: both.
+
+``ring_attention``'s ladder (chapter 20):
+
+1. ``ring_attention_rotate(k, v)``: one move of the (k, v) blocks, to rank r + 1, from rank
+   r - 1, posted together. Graded in worlds of processes, called N times in a row on what it
+   returned: after rotation s rank r holds rank r - s's block (values name the rank), and each
+   rotation sent the block it was handed once, to rank r + 1 (a store of every block fails).
+2. ``ring_attention_merge(o, m, l, s, v)``: the online softmax folds one block's scores and
+   values into the running (o, m, l). Graded in this process after every merge of 1 to 5
+   blocks against torch's softmax attention in float64, one case with scores in the thousands
+   (exp of them overflows: the running maximum is not optional).
+3. ``ring_attention``: both, N - 1 rotations, a merge at each block.
 """
 import math
 import os
@@ -40,7 +52,8 @@ from tutorials.exercises import _common, _routes
 
 LADDERS = {"pipeline_1f1b": ["pipeline_1f1b_order", "pipeline_1f1b_forward", "pipeline_1f1b"],
            "fsdp_step": ["fsdp_step_gather", "fsdp_step_reduce_scatter", "fsdp_step"],
-           "moe_dispatch": ["moe_dispatch_counts", "moe_dispatch_tokens", "moe_dispatch"]}
+           "moe_dispatch": ["moe_dispatch_counts", "moe_dispatch_tokens", "moe_dispatch"],
+           "ring_attention": ["ring_attention_rotate", "ring_attention_merge", "ring_attention"]}
 
 
 def _ops(work):
@@ -410,6 +423,307 @@ class MoeDispatchTokens:
                               algorithm="the dispatch of the tokens", chapter=self.chapter)
 
 
+# --- ring_attention's steps -----------------------------------------------------------------------
+
+CP_CHAPTER = "chapter 20 (tutorials/20_context_parallelism.md)"
+MERGE = ("m' = max(m, s.amax(-1)), p = exp(s - m'), l = l * exp(m - m') + p.sum(-1), "
+         "o = o * exp(m - m') + p @ v")
+
+
+def _block(j, rows, width, half):
+    """Rank j's block: 10000 j + i at flat index i, plus 0.5 in v: a value names its rank, and k or v."""
+    return (10000 * j + torch.arange(rows * width, dtype=torch.float64) + half).view(rows, width)
+
+
+def _owners(t):
+    """(the ranks whose block values ``t`` holds, the set of their fractions: 0.0 for k, 0.5 for v)."""
+    flat = t.detach().reshape(-1).tolist()
+    return sorted({int(x // 10000) for x in flat}), {x % 1 for x in flat}
+
+
+class RingAttentionRotate:
+    chapter = CP_CHAPTER
+
+    def cases(self, n, quick):
+        cases = [dict(rows=2, dk=3, dv=3), dict(rows=0, dk=3, dv=3), dict(rows=3, dk=4, dv=2)]
+        if not quick:
+            cases.insert(1, dict(rows=1, dk=1, dv=1))
+        cases.append(dict(rows=64, dk=32, dv=32))      # 16 KiB a block: the bytes are judged
+        return cases
+
+    def label(self, case):
+        return (f"k float64[{case['rows']}, {case['dk']}], v float64[{case['rows']}, {case['dv']}] a rank, "
+                f"rotated N times (a full turn)")
+
+    def run(self, fn, case, rank, n):
+        from tutorials.exercises import _watch
+        rows, dk, dv = case["rows"], case["dk"], case["dv"]
+        k, v = _block(rank, rows, dk, 0.0), _block(rank, rows, dv, 0.5)
+        held = []
+        for s in range(1, n + 1):
+            handed = (k.clone(), v.clone())
+            posted = len(_watch.COUNTERS.sends)
+            got = fn(*handed)
+            sends = _watch.COUNTERS.sends[posted:]
+            j = (rank - s) % n
+            if not (isinstance(got, (tuple, list)) and len(got) == 2):
+                return {"ok": False, "lines": [f"rotation {s}: expected (k, v), found {type(got).__name__}"]}
+            report = _common.compare([("k", _block(j, rows, dk, 0.0), got[0]),
+                                        ("v", _block(j, rows, dv, 0.5), got[1])])
+            report = _common.untouched(report, [("k", k, handed[0]), ("v", v, handed[1])])
+            if not report["ok"]:
+                report["lines"].insert(0, f"after rotation {s} of {n} this rank should hold rank {j}'s block "
+                                          f"(rank r - {s}'s; k = 10000 x {j} + i at flat index i, v the same "
+                                          f"+ 0.5):")
+                report["lines"] += self.mistake(got, handed, rank, n, s, sends)
+                return report
+            moved = self.moved(sends, rank, n, s, handed)
+            if moved:
+                return {"ok": False, "lines": moved}
+            k, v = got
+            held.append(j)
+        return {"ok": True, "lines": [f"after rotations 1 to {n} held the blocks of ranks "
+                                      f"{', '.join(map(str, held))}  ok"]}
+
+    def moved(self, sends, rank, n, s, handed):
+        """Lines saying how rotation s's messages differ from the block sent once to rank r + 1, or []:
+        blocks handed out from a store filled by one exchange with every rank arrive right, but every
+        rank then holds all N blocks at once, the memory a ring exists to avoid."""
+        size = sum(t.numel() * t.element_size() for t in handed)
+        sent = sum(nbytes for _, nbytes in sends)
+        peers = sorted({p for p, _ in sends})
+        right = (rank + 1) % n
+        if n == 1 or size == 0 or (peers == [right] and sent == size):
+            return []
+        where = f" to {_ranks(peers)}" if peers else ""
+        return [f"after rotation {s} of {n} this rank holds the right block (rank {(rank - s) % n}'s), but "
+                f"rotation {s} sent {sent} bytes in {len(sends)} message{'s' if len(sends) != 1 else ''}{where}",
+                f"(a rotation sends the block it was handed, k and v, {size} bytes, once, to rank r + 1 = "
+                f"{right}, and receives the next from rank r - 1: each rank holds one travelling block, "
+                f"never all N)"]
+
+    def mistake(self, got, handed, rank, n, s, sends):
+        """Lines naming the likely mistake behind a wrong rotation."""
+        lines = []
+        got_k, got_v = got
+        right = (rank + 1) % n
+        peers = sorted({p for p, _ in sends})
+        if n > 1 and peers and peers != [right]:
+            lines.append(f"(rotation {s} sent {len(sends)} message{'s' if len(sends) != 1 else ''} to "
+                         f"{_ranks(peers)}; the block goes to rank r + 1 = {right} only)")
+        if isinstance(got_v, torch.Tensor) and isinstance(got_k, torch.Tensor) and got_v.shape != handed[1].shape \
+                and got_v.shape == handed[0].shape:
+            lines.append(f"(v came back shaped like k, {list(got_v.shape)}, not {list(handed[1].shape)}: v is a "
+                         f"block of its own shape; receive it into torch.empty_like(v))")
+            return lines
+        if not (isinstance(got_k, torch.Tensor) and got_k.shape == handed[0].shape and got_k.numel()):
+            return lines
+        owners, fractions = _owners(got_k)
+        if fractions == {0.5}:
+            lines.append("(k holds values of a v block (x.5): k and v are swapped)")
+        elif n > 2 and owners == [(rank + s) % n]:
+            lines.append(f"(k holds rank {owners[0]}'s block, rank r + {s}'s: the blocks travel the wrong way "
+                         f"round; send to rank r + 1 = {right}, receive from rank r - 1 = {(rank - 1) % n})")
+        elif n > 1 and owners == [(rank - s + 1) % n] and torch.equal(got_k, handed[0]):
+            lines.append("(k is the block this rank was handed: nothing was received into what it returns)")
+        return lines
+
+    def need(self, case, n):
+        if n == 1:
+            return None
+        c = case["rows"] * (case["dk"] + case["dv"]) * 8
+        return _common.Need(sent_bytes=n * c, sent_messages=2 * n,
+                              ideal=f"N x {c} = {n * c} bytes in 2N = {2 * n} messages (at each of the N "
+                                    f"rotations k and v once, {c} bytes, to rank r + 1)",
+                              algorithm="N rotations of the ring", chapter=self.chapter)
+
+
+def _ranks(ranks):
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _largest(scores):
+    """The largest score in size over these blocks (0 where they hold none)."""
+    return max((float(s.abs().max()) for s in scores if s.numel()), default=0.0)
+
+
+def _fold(o, m, l, s, v):
+    """The grader's own merge of one block (the first of a run, which the learner's merge never sees)."""
+    m_new = torch.maximum(m, s.amax(-1))
+    p, fade = torch.exp(s - m_new.unsqueeze(-1)), torch.exp(m - m_new)
+    return o * fade.unsqueeze(-1) + p @ v, m_new, l * fade + p.sum(-1)
+
+
+def _close(want, have):
+    return (isinstance(have, torch.Tensor) and have.shape == want.shape and have.dtype == want.dtype
+            and bool(torch.allclose(have, want, rtol=1e-10, atol=1e-12)))
+
+
+class RingAttentionMerge:
+    local = True      # arithmetic on one rank's state: graded in the grader's own process, no world
+    chapter = CP_CHAPTER
+    # query rows R, keys in a block K, head width d, value width d_v; scale 60 puts the scores in the
+    # thousands, where exp(s) overflows float64 (past 709) unless the running maximum comes off first
+    SHAPES = [dict(rows=2, keys=2, d=3, dv=3), dict(rows=1, keys=1, d=1, dv=1),
+              dict(rows=3, keys=3, d=4, dv=2, scale=60), dict(rows=0, keys=2, d=3, dv=3)]
+
+    def blocks(self, case, n, seed):
+        """The scores and values of n blocks; entries scaled by 3 (or 60) so the row maxima move."""
+        g = torch.Generator().manual_seed(seed)
+        scale = case.get("scale", 3)
+
+        def draw(*shape):
+            return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+        q = draw(case["rows"], case["d"])
+        scores = [q @ draw(case["keys"], case["d"]).T / math.sqrt(case["d"]) for _ in range(n)]
+        return scores, [draw(case["keys"], case["dv"]) for _ in range(n)]
+
+    def words(self, case, n, j, scores):
+        first = " (block 1 folded in by the grader)" if n > 1 else ""
+        return (f"after merging block {j + 1} of {n}{first} (R = {case['rows']} query rows, blocks of {case['keys']} "
+                f"key{'s' if case['keys'] != 1 else ''}, v of width {case['dv']}; scores as large as "
+                f"{_largest(scores[:j + 1]):.1f})")
+
+    def grade(self, name, source, shown, quick=False, world_sizes=None):
+        """(passed, reason, text)."""
+        from tutorials.exercises import _sim
+
+        restore = _routes.switch_off(source)     # the library's online softmax is the answer: off
+        try:
+            try:
+                fn = _sim.load(name, source)
+            except Exception:
+                return False, "load_error", (f"FAIL {name}: {shown} does not load:\n"
+                                             f"{traceback.format_exc(limit=-1)}")
+            return self.runs(fn, name, shown, world_sizes or ((1, 2, 3, 4) if quick else (1, 2, 3, 5)), quick)
+        except _routes.BuiltinUsed as exc:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                      if os.path.abspath(f.filename) == _routes.source_file(source)]
+            line = f"line {frames[-1].lineno} of {os.path.basename(frames[-1].filename)}: " \
+                   f"{(frames[-1].line or '').strip()}" if frames else "in your code"
+            return False, "builtin", (f"FAIL {name}: it calls {exc.name} ({line}). The library's online softmax "
+                                      f"is switched off while grading: write the merge yourself. See "
+                                      f"{self.chapter}.")
+        finally:
+            restore()
+
+    def runs(self, fn, name, shown, counts, quick):
+        """(passed, reason, text) over runs of ``counts`` blocks: the first merge that cannot be compared
+        (not written, raised, a changed input, a state of other shapes) stops grading; else the first
+        wrong o / l over all runs is the verdict, then the first wrong m, then l."""
+        first, merges = {}, 0    # what -> the first mismatch of o / l, of m, of l
+        for salt, case in enumerate(self.SHAPES):
+            if quick and case["rows"] == 1:
+                continue
+            for n in counts:
+                scores, values = self.blocks(case, n, 100 * salt + n)
+                o = torch.zeros(case["rows"], case["dv"], dtype=torch.float64)
+                m = torch.full((case["rows"],), float("-inf"), dtype=torch.float64)
+                l = torch.zeros(case["rows"], dtype=torch.float64)
+                for j, (s, v) in enumerate(zip(scores, values)):
+                    if j == 0 and n > 1:
+                        # the grader folds the first block in itself: the merge must work from
+                        # (o, m, l) alone, not from blocks it kept (it never sees this one)
+                        o, m, l = _fold(o, m, l, s, v)
+                        continue
+                    where = self.words(case, n, j, scores)
+                    got, failed = self.call(fn, name, shown, (o, m, l, s, v), where)
+                    if failed:
+                        return failed
+                    merges += 1
+                    seen_s, seen_v = torch.cat(scores[:j + 1], -1), torch.cat(values[:j + 1])
+                    want_m = seen_s.amax(-1)
+                    want = [("o / l", torch.softmax(seen_s, -1) @ seen_v), ("m", want_m),
+                            ("l", torch.exp(seen_s - want_m.unsqueeze(-1)).sum(-1))]
+                    before = (o, m, l, s, v)
+                    o, m, l = got
+                    for (what, expected), received in zip(want, (o / l.unsqueeze(-1), m, l)):
+                        if what not in first and not _close(expected, received):
+                            first[what] = (where, expected, received, self.mistake(what, received, before))
+        for what in ("o / l", "m", "l"):    # the attention first: a state kept otherwise matters less
+            if what in first:
+                return False, "wrong", self.wrong_text(name, what, *first[what])
+        return True, "pass", (f"PASS {name}: o / l equals torch's softmax attention over the blocks so far, "
+                              f"m and l the running maximum and sum, after all {merges} merges (runs of "
+                              f"{', '.join(map(str, counts))} blocks, scores up to the thousands).")
+
+    def call(self, fn, name, shown, state, where):
+        """(the new (o, m, l), None), or (None, the verdict) where the merge cannot be compared."""
+        o, m, l, s, v = state
+        handed = [t.clone() for t in state]
+        try:
+            got = fn(*handed)
+        except NotImplementedError:
+            return None, (False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises NotImplementedError. "
+                                                 f"Write its body, then grade it again."))
+        except _routes.BuiltinUsed:
+            raise
+        except Exception:
+            return None, (False, "crash", f"FAIL {name}: it raised {where}:\n{traceback.format_exc(limit=-2)}")
+        if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+            size = f" of {len(got)}" if isinstance(got, (tuple, list)) else ""
+            return None, (False, "wrong", (f"FAIL {name}: returned {type(got).__name__}{size} {where}, not "
+                                           f"(o, m, l): three tensors, the new state."))
+        changed = [f"{what} held {_common.show(before)} before the call and {_common.show(now)} after"
+                   for what, before, now in (("s", s, handed[3]), ("v", v, handed[4]))
+                   if not (now.shape == before.shape and torch.equal(now, before))]
+        if changed:
+            return None, (False, "changed_input", (f"FAIL {name}: it changes its input {where}:\n  "
+                                                   + "\n  ".join(changed) + "\ns and v are read, never written: in "
+                                                   "step 3 the block travels on to the next rank after its merge, "
+                                                   f"and the caller keeps what it computed. See {self.chapter}."))
+        if [(t.shape, t.dtype) for t in got] != [(t.shape, t.dtype) for t in (o, m, l)]:
+            found = ", ".join(f"{what} {_common.name_of(t.dtype)}{list(t.shape)}" for what, t in zip("oml", got))
+            return None, (False, "wrong", (f"FAIL {name}: returned {found} {where}; the state is o "
+                                           f"float64{list(o.shape)}, m and l float64{list(m.shape)} (one value "
+                                           f"per query row: no keepdim), as handed in."))
+        return got, None
+
+    def wrong_text(self, name, what, where, expected, received, hint):
+        lines = [f"FAIL {name}: {what} wrong {where}."]
+        if expected.shape != received.shape or expected.dtype != received.dtype:
+            lines.append(f"  expected {_common.name_of(expected.dtype)}{list(expected.shape)}, found "
+                         f"{_common.name_of(received.dtype)}{list(received.shape)}")
+        else:
+            lines += [f"  expected {_common.show(expected)}", f"  received {_common.show(received)}"]
+        meaning = {"o / l": "softmax attention over every block so far, torch.softmax(S, -1) @ V",
+                   "m": "each row's largest score over every block so far",
+                   "l": "the sum of exp(score - m) over every block so far"}[what]
+        lines.append(f"({what} must be {meaning}.)")
+        if hint:
+            lines.append(hint)
+        lines.append(f"The online softmax: {MERGE}. See {self.chapter}, \"The forward pass\".")
+        return "\n".join(lines)
+
+    def mistake(self, what, received, before):
+        """The likely mistake behind a wrong o / l, m or l, in words, or None: ``received`` is
+        compared with what the usual wrong merges make of the state and block ``before``."""
+        if not isinstance(received, torch.Tensor) or not received.dtype.is_floating_point:
+            return None
+        o, m, l, s, v = before
+        if what in ("o / l", "l") and not bool(torch.isfinite(received).all()):
+            return (f"(inf or nan: exp of a score overflows float64 past 709.8, and this block's are as large as "
+                    f"{_largest([s]):.1f}; exponentiate s - m', never s: with m' the running maximum every exp "
+                    f"is at most 1)")
+        m_new = torch.maximum(m, s.amax(-1))
+        p, raw = torch.exp(s - m_new.unsqueeze(-1)), torch.exp(s)
+        wrong = [((o + p @ v, l + p.sum(-1)),
+                  "(this is the merge without its rescale: when a block raises a row's maximum from m to m', "
+                  "what was summed under m is too large by exp(m' - m); multiply the old l and o by "
+                  "exp(m - m') before adding the new block's terms)"),
+                 ((o + raw @ v, l + raw.sum(-1)),
+                  "(this adds exp(s), not exp(s - m'): the running sums are kept relative to the running "
+                  "maximum, and exp(s) alone overflows float64 once a score passes 709)")]
+        for (wrong_o, wrong_l), text in wrong:
+            made = wrong_o / wrong_l.unsqueeze(-1) if what == "o / l" else wrong_l if what == "l" else None
+            if made is not None and _close(made, received):
+                return text
+        if what == "m" and _close(s.amax(-1), received):
+            return "(m is this block's maximum alone: the running maximum is torch.maximum(m, s.amax(-1)))"
+        return None
+
+
 CHECKS = {"pipeline_1f1b_order": Pipeline1F1BOrder(), "pipeline_1f1b_forward": Pipeline1F1BForward(),
           "fsdp_step_gather": FsdpStepGather(), "fsdp_step_reduce_scatter": FsdpStepReduceScatter(),
-          "moe_dispatch_counts": MoeDispatchCounts(), "moe_dispatch_tokens": MoeDispatchTokens()}
+          "moe_dispatch_counts": MoeDispatchCounts(), "moe_dispatch_tokens": MoeDispatchTokens(),
+          "ring_attention_rotate": RingAttentionRotate(), "ring_attention_merge": RingAttentionMerge()}

@@ -906,6 +906,7 @@ DIFFICULTY = {
     "pipeline_1f1b_order": (1, 15), "pipeline_1f1b_forward": (2, 20),    # pipeline_1f1b's steps 1 and 2
     "fsdp_step_gather": (1, 15), "fsdp_step_reduce_scatter": (2, 20),     # fsdp_step's steps 1 and 2
     "moe_dispatch_counts": (1, 15), "moe_dispatch_tokens": (2, 25),       # moe_dispatch's steps 1 and 2
+    "ring_attention_rotate": (1, 15), "ring_attention_merge": (2, 20),    # ring_attention's steps 1 and 2
 }
 NUMERIC_DIFFICULTY = (1, 10)
 # How much each idea matters for understanding distributed training, 1-5 (ARENA's "importance"):
@@ -917,6 +918,7 @@ IMPORTANCE = {
     "pipeline_1f1b": 4, "tensor_parallel_mlp": 4, "fsdp_step": 5, "moe_dispatch": 3, "ring_attention": 4,
     "ring_attention_zigzag": 2, "pipeline_1f1b_order": 4, "pipeline_1f1b_forward": 3,
     "fsdp_step_gather": 5, "fsdp_step_reduce_scatter": 5, "moe_dispatch_counts": 3, "moe_dispatch_tokens": 3,
+    "ring_attention_rotate": 3, "ring_attention_merge": 4,
     "busbw": 4, "busbw_all_gather": 3, "alpha_beta_ring": 5, "alpha_beta_small": 4, "adam_memory": 4,
     "zero2_memory": 4, "overlap_tokens": 3, "tensor_parallel_ib": 3, "activation_memory": 4,
     "activation_memory_sp": 3, "plan_state_memory": 3,
