@@ -6,13 +6,16 @@ import math
 import torch
 import torch.nn as nn
 
-from tutorials.exercises._common import (Allocations, LARGE, Need, bits, cancel_case, cancel_input, compare,
-                                         compare_rounded, log2_ceil, name_of, pattern, reduce_input, show,
+from tutorials.exercises._common import (TAGGED_VALUES, Allocations, LARGE, Need, bits, cancel_case, cancel_input, compare,
+                                         compare_rounded, log2_ceil, name_of, pattern, reduce_input, reduced_values, show,
                                          storage_numel, tagged_input, tensor_cases, tensor_label, untouched)
 
 
 class SendRecvRing:
     chapter = "chapter 2 (tutorials/02_point_to_point.md)"
+
+    def values(self, case):
+        return TAGGED_VALUES
 
     def cases(self, n, quick):
         return tensor_cases(n, quick)
@@ -38,6 +41,9 @@ class SendRecvRing:
 class Broadcast:
     chapter = "chapter 5 (tutorials/05_algorithms.md)"
 
+    def values(self, case):
+        return TAGGED_VALUES
+
     def cases(self, n, quick):
         return tensor_cases(n, quick, with_root=True)
 
@@ -62,6 +68,9 @@ class Broadcast:
 
 class Reduce:
     chapter = "chapter 5 (tutorials/05_algorithms.md)"
+
+    def values(self, case):
+        return reduced_values(case)
 
     def cases(self, n, quick):
         return tensor_cases(n, quick, with_root=True)
@@ -93,6 +102,9 @@ class Reduce:
 class AllGather:
     chapter = "chapter 3 (tutorials/03_collectives.md) and chapter 4 (tutorials/04_ring_allreduce.md)"
 
+    def values(self, case):
+        return TAGGED_VALUES
+
     def cases(self, n, quick):
         return tensor_cases(n, quick)
 
@@ -119,6 +131,9 @@ class AllGather:
 
 class ReduceScatter:
     chapter = "chapter 4 (tutorials/04_ring_allreduce.md)"
+
+    def values(self, case):
+        return reduced_values(case)
 
     def cases(self, n, quick):
         cases = tensor_cases(n, quick)
@@ -159,6 +174,9 @@ class ReduceScatter:
 class AllReduce:
     chapter = "chapter 4 (tutorials/04_ring_allreduce.md)"
 
+    def values(self, case):
+        return reduced_values(case)
+
     def cases(self, n, quick):
         cases = tensor_cases(n, quick)
         return cases + [cancel_case(len(cases))]
@@ -196,6 +214,9 @@ class AllReduce:
 
 class AllToAll:
     chapter = "chapter 3 (tutorials/03_collectives.md) and chapter 5 (tutorials/05_algorithms.md)"
+
+    def values(self, case):
+        return "the piece rank s sends to rank d holds 10 s + a number from 0 to 6, so 23 came from rank 2"
 
     def cases(self, n, quick):
         return tensor_cases(n, quick)

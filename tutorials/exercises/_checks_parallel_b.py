@@ -78,6 +78,10 @@ class TensorParallelMLP:
 class MoeDispatch:
     chapter = "chapter 19 (tutorials/19_expert_parallelism.md)"
 
+    def values(self, case):
+        return ("a token holds 100000 x its rank + 100 x its row + its column, so 200103 is rank 2's token 1, "
+                "column 3")
+
     def cases(self, n, quick):
         cases = [dict(tokens=[5, 0, 7, 2, 6], hidden=3, skew=False),       # rank 1 has no tokens
                  dict(tokens=[4, 3, 1, 6, 2], hidden=2, skew="hot")]       # every token to the last expert

@@ -31,6 +31,18 @@ def tagged_input(rank, numel, dtype, salt=0):
     return (rank * 10 + (i + salt) % 7).to(dtype)
 
 
+TAGGED_VALUES = "rank r's tensor holds 10 r + a number from 0 to 6, so 23 came from rank 2"
+REDUCED_VALUES = ("every rank holds small integers in -3..3, different on every rank, so every sum is exact in "
+                  "every dtype: a wrong value is never rounding")
+CANCEL_VALUES = ("float32 values that cancel: even ranks hold +-2^27, odd ranks 1 to 2.5, so the order of the "
+                 "additions changes the sum (any order is right within rounding, but every rank must use the same)")
+
+
+def reduced_values(case):
+    """What the test values of a reduction's ``case`` encode, for a wrong verdict."""
+    return CANCEL_VALUES if case.get("cancel") else REDUCED_VALUES
+
+
 def cancel_input(rank, numel, salt=0):
     """float32 values where the order of summation changes the result.
 

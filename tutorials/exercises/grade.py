@@ -596,6 +596,9 @@ def _wrong_text(name, world, check, cases, index):
         head = f"  {_ranks(ranks)}: "
         lines.append(head + text[0])
         lines += [" " * len(head) + line for line in text[1:]]
+    values = getattr(check, "values", None)     # what the inputs encode, so a wrong value can be read
+    if values is not None:
+        lines.append(f"The test values: {values(cases[index])}.")
     return "\n".join(lines)
 
 
