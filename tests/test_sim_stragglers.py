@@ -123,10 +123,10 @@ def test_the_command_line_takes_stragglers_and_jitter_and_refuses_bad_ones(capsy
         assert "--straggler" in capsys.readouterr().err or bad[0] == "--jitter"
 
 
-def test_a_world_reports_its_progress_every_few_thousand_events():
+def test_a_world_reports_its_progress_every_thousand_events():
     n, seen = 32, []
     simulate("all_reduce", "ring", n, S, "ethernet-100g", progress=lambda *a: seen.append(a))
-    assert seen, "2 N (N-1) = 1,984 messages take more than 4,096 events"
+    assert seen, "2 N (N-1) = 1,984 messages take more than 1,024 events"
     assert all(w == n and 0 <= f <= n for _, f, w in seen)
     done = [m for m, _, _ in seen]
     assert done == sorted(done) and 0 < done[-1] <= 2 * n * (n - 1)
