@@ -159,7 +159,13 @@ WRONG_CASES += [   # issue 33: verdicts a learner can act on
       "call .wait() on each"]),
     ("send_recv_ring", "send_recv_ring_short_buffer", (2,), "buffer",
      ["a receive buffer too short with 2 ranks (tensor float32[1])", "into float32[0] (0 bytes), but rank",
-      "sends float32[1] (4 bytes): the receive buffer is shorter than the message"]),
+      "sent that message as float32[1] (4 bytes): the receive buffer is shorter than the message"]),
+    ("send_recv_ring", "send_recv_ring_short_buffer_sent_first", (2,), "buffer",   # the sender has moved on
+     ["a receive buffer too short with 2 ranks (tensor float32[1])", "into float32[0] (0 bytes), but rank",
+      "sent that message as float32[1] (4 bytes): the receive buffer is shorter than the message"]),
+    ("all_reduce", "all_reduce_no_fold", (2, 3, 4), "wrong",
+     ["rank 2's input is missing from the sum", "Passed on worlds of 2, 4 ranks; failed on 3 (wrong).",
+      "It fails only where N is not a power of two (3)", "chapter 5 (tutorials/05_algorithms.md)"]),
     ("all_reduce", "all_reduce_counts_own_twice", (3,), "wrong",
      ["(the result: this rank's own input is counted twice; every rank's contribution must be added once)"]),
 ]
@@ -467,3 +473,14 @@ def test_list_says_how_much_each_matters_and_what_passed_here(capsys, tmp_path, 
     monkeypatch.setattr(grader, "_fingerprint", lambda name: "another file")
     assert grader.status("all_reduce", grader._load_grades()) == "changed"
     assert set(grader.IMPORTANCE) >= {*EXERCISES, *NUMERIC}
+
+
+def test_the_power_of_two_pattern_is_named_only_where_it_holds():
+    from tutorials.exercises.grade import _power_of_two_text as named
+    said = "It fails only where N is not a power of two"
+    assert said + " (3, 5)" in named({1: "pass", 2: "pass", 3: "wrong", 4: "pass", 5: "deadlock", 8: "pass"})
+    assert "also the odd ones" in named({2: "pass", 3: "wrong", 4: "pass"})    # parity cannot be told apart
+    assert "odd" not in named({2: "pass", 3: "wrong", 4: "pass", 6: "wrong", 8: "pass"})
+    assert said not in named({2: "pass", 3: "wrong", 4: "traffic"})    # a power of two failed too
+    assert said not in named({1: "pass", 3: "wrong"})                  # no power of two above 1 ran
+    assert said not in named({2: "pass", 3: "pass", 4: "wrong"})

@@ -36,16 +36,11 @@ import traceback
 
 import torch
 
-from tutorials.exercises import _routes
+from tutorials.exercises import _common, _routes
 
 LADDERS = {"pipeline_1f1b": ["pipeline_1f1b_order", "pipeline_1f1b_forward", "pipeline_1f1b"],
            "fsdp_step": ["fsdp_step_gather", "fsdp_step_reduce_scatter", "fsdp_step"],
            "moe_dispatch": ["moe_dispatch_counts", "moe_dispatch_tokens", "moe_dispatch"]}
-
-
-def _checks():
-    from tutorials.exercises import _checks
-    return _checks
 
 
 def _ops(work):
@@ -139,7 +134,7 @@ class Pipeline1F1BForward:
         from tutorials.exercises._checks_parallel import WIDTH
         a = case["rows"] * WIDTH * 8
         m = case["m"]
-        return _checks().Need(sent_bytes=m * a, sent_messages=m,
+        return _common.Need(sent_bytes=m * a, sent_messages=m,
                               ideal=f"at most m = {m} messages of A = {a} bytes (one activation per "
                                     f"micro-batch, to the next stage)", algorithm="a pipeline stage's forwards",
                               chapter=self.chapter)
@@ -185,7 +180,7 @@ def _layer_need(case, n, what):
     if n == 1:
         return None
     _, k, _ = _layout(case, n)
-    return _checks().Need(sent_bytes=(n - 1) * k * 8, sent_messages=n - 1,
+    return _common.Need(sent_bytes=(n - 1) * k * 8, sent_messages=n - 1,
                           ideal=f"(N-1) x k x 8 = {(n - 1) * k * 8} bytes in N-1 = {n - 1} messages "
                                 f"(k = {k} values a piece)",
                           algorithm=f"one ring {what}", chapter=FSDP_CHAPTER)
@@ -219,19 +214,19 @@ class FsdpStepGather:
             if isinstance(got, torch.Tensor) and got.numel() == n * k:
                 lines.append(f"that is the gathered flat vector itself {layout}: cut off the padding and "
                              f"view each tensor's part as its shape")
-            return _checks().untouched({"ok": False, "lines": lines}, [("shard", shard, handed)])
-        report = _checks().compare([(f"tensors[{i}]", e, g) for i, (e, g) in enumerate(zip(expected, got))])
+            return _common.untouched({"ok": False, "lines": lines}, [("shard", shard, handed)])
+        report = _common.compare([(f"tensors[{i}]", e, g) for i, (e, g) in enumerate(zip(expected, got))])
         if not report["ok"]:
             report["lines"].append(layout)
             hint = self.mistake(expected, got, numel, k, n)
             if hint:
                 report["lines"].append(hint)
-        return _checks().untouched(report, [("shard", shard, handed)])
+        return _common.untouched(report, [("shard", shard, handed)])
 
     def mistake(self, expected, got, numel, k, n):
         """The likely mistake behind wrong tensors, in words, or None."""
         for i, (e, g) in enumerate(zip(expected, got)):
-            if not isinstance(g, torch.Tensor) or _checks().same(e, g):
+            if not isinstance(g, torch.Tensor) or _common.same(e, g):
                 continue
             flat = g.detach().reshape(-1)
             if flat.numel() > e.numel() and torch.equal(flat[:e.numel()], e.reshape(-1)) \
@@ -283,8 +278,8 @@ class FsdpStepReduceScatter:
             flat = torch.cat([g.reshape(-1) for g in self.grads(r, case)] + [torch.zeros(pad, dtype=torch.float64)])
             terms.append(flat[rank * k:(rank + 1) * k] / n)
         expected = sum(terms)
-        report = _checks().compare([("piece", expected, got)])
-        report = _checks().pattern(report, expected, got, terms, rank, "the piece")
+        report = _common.compare([("piece", expected, got)])
+        report = _common.pattern(report, expected, got, terms, rank, "the piece")
         if not report["ok"]:
             layout = (f"(k = ceil(numel / N) = ceil({numel} / {n}) = {k} values a piece: the flat gradient "
                       f"padded with {pad} zero{'s' if pad != 1 else ''} to N x k = {n * k}; rank r keeps "
@@ -297,7 +292,7 @@ class FsdpStepReduceScatter:
                     f"value{'s' if lost != 1 else ''} of the gradient belong{'s' if lost == 1 else ''} to no rank; "
                     f"pad the flat gradient with N x k - numel = {pad} zeros and cut pieces of k = {k})")
         before = [(f"grads[{i}]", g, h) for i, (g, h) in enumerate(zip(grads, handed))]
-        return _checks().untouched(report, before)
+        return _common.untouched(report, before)
 
     def need(self, case, n):
         return _layer_need(case, n, "reduce-scatter")
@@ -338,7 +333,7 @@ class MoeDispatchCounts:
         if not (isinstance(result, tuple) and len(result) == 2):
             return {"ok": False, "lines": [f"expected (send, recv), found {type(result).__name__}"]}
         got_send, got_recv = (_ints(v) for v in result)
-        report = _checks().compare([("send", send, got_send), ("recv", recv, got_recv)])
+        report = _common.compare([("send", send, got_send), ("recv", recv, got_recv)])
         if not report["ok"]:
             report["lines"].append(f"(send[j]: how many of this rank's tokens go to expert j; recv[j]: how many "
                                    f"rank j's expert_of sends to expert {rank}, this rank; the tokens are T by "
@@ -351,12 +346,12 @@ class MoeDispatchCounts:
                 report["lines"].append("(recv is this rank's own send: the counts were not exchanged; rank j's "
                                        "send[r] is rank r's recv[j], so send send[j] to rank j and receive "
                                        "recv[j] from it)")
-        return _checks().untouched(report, [("expert_of", expert, handed)])
+        return _common.untouched(report, [("expert_of", expert, handed)])
 
     def need(self, case, n):
         if n == 1:
             return None
-        return _checks().Need(sent_bytes=8 * (n - 1), sent_messages=n - 1,
+        return _common.Need(sent_bytes=8 * (n - 1), sent_messages=n - 1,
                               ideal=f"N-1 = {n - 1} messages of 8 bytes (one count to each other rank)",
                               algorithm="the exchange of the counts", chapter=self.chapter)
 
@@ -379,7 +374,7 @@ class MoeDispatchTokens:
         expected = torch.cat([t[e == rank] for t, e in everyone])
         handed = [tokens.clone(), expert.clone(), send.clone(), recv.clone()]
         received = fn(*handed)
-        report = _checks().compare([("received", expected, received)])
+        report = _common.compare([("received", expected, received)])
         if not report["ok"]:
             report["lines"].append(f"(a token's values are 100000 x its rank + 100 x its row + its column; "
                                    f"received holds the rows routed to expert {rank}, rank 0's first, each "
@@ -389,7 +384,7 @@ class MoeDispatchTokens:
                 report["lines"].append(hint)
         before = [("tokens", tokens, handed[0]), ("expert_of", expert, handed[1]), ("send", send, handed[2]),
                   ("recv", recv, handed[3])]
-        return _checks().untouched(report, before)
+        return _common.untouched(report, before)
 
     def mistake(self, received, expected, everyone, rank):
         """Name a received row that belongs to another expert (pieces cut before sorting), or None."""
@@ -409,7 +404,7 @@ class MoeDispatchTokens:
         if whole is None:
             return None
         bound = whole.sent_bytes - 8 * (n - 1)      # the dispatch less its counts: given here
-        return _checks().Need(sent_bytes=bound, sent_messages=n - 1,
+        return _common.Need(sent_bytes=bound, sent_messages=n - 1,
                               ideal=f"at most {bound} bytes in N-1 = {n - 1} messages (each token once, to "
                                     f"its expert's rank only, no padding)",
                               algorithm="the dispatch of the tokens", chapter=self.chapter)

@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from collectives.parallel.pipeline import one_f_one_b
+from tutorials.exercises import _common, _watch
 
 WIDTH = 6
 
@@ -35,14 +36,7 @@ def _warm_autograd():
 def _progress(text):
     """Tell the grader this rank is busy in the stage's or the layers' own arithmetic (a
     busy machine can take seconds over it), so it is not taken for a rank that stopped."""
-    from tutorials.exercises import _worker
-    _worker.set_status(text)
-
-
-def _checks():
-    """The grader's helpers (compare, Need), imported when used: _checks imports this module."""
-    from tutorials.exercises import _checks
-    return _checks
+    _watch.set_status(text)
 
 
 def _layer(stage, case):
@@ -157,10 +151,9 @@ class Stage:
         has used yet: a receive posted early holds its buffer from the moment it is posted."""
         if self.prev is None:
             return 0
-        from tutorials.exercises import _worker
         one = self.case["rows"] * WIDTH * 8
         held, seen = 0, set(self.used)
-        for buffer in _worker.COUNTERS.receive_buffers(self.prev):
+        for buffer in _watch.COUNTERS.receive_buffers(self.prev):
             storage = buffer.untyped_storage()
             if storage.data_ptr() not in seen:
                 seen.add(storage.data_ptr())
@@ -211,7 +204,7 @@ class Pipeline1F1B:
         weight, bias = self.reference(rank, n, case)
         expected = [(f"stage {rank}: weight.grad", weight, stage.weight.grad),
                     (f"stage {rank}: bias.grad", bias, stage.bias.grad)]
-        report = _checks().compare([(what, e, g if g is not None else torch.zeros_like(e)) for what, e, g in expected])
+        report = _common.compare([(what, e, g if g is not None else torch.zeros_like(e)) for what, e, g in expected])
         if not report["ok"]:
             return report
         want = one_f_one_b(n, m, rank)
@@ -245,7 +238,7 @@ class Pipeline1F1B:
             return None
         a = case["rows"] * WIDTH * 8
         m = case["m"]
-        return _checks().Need(sent_bytes=2 * m * a, sent_messages=2 * m,
+        return _common.Need(sent_bytes=2 * m * a, sent_messages=2 * m,
                     ideal=f"at most 2m = {2 * m} messages of A = {a} bytes (m activations forward, m gradients "
                           f"back)", algorithm="a pipeline stage", chapter=self.chapter)
 
@@ -339,7 +332,7 @@ class FsdpStep:
         pieces = [math.ceil(f.numel() / n) for f in full]
         padded = [torch.cat([f, f.new_zeros(k * n - f.numel())]) for f, k in zip(full, pieces)]
         shards = [p[rank * k:(rank + 1) * k].clone() for p, k in zip(padded, pieces)]
-        made = _checks().Allocations(keep=lambda t: t.dtype == torch.float64 and t.dim() == 1
+        made = _common.Allocations(keep=lambda t: t.dtype == torch.float64 and t.dim() == 1
                                      and t.numel() >= min(f.numel() for f in full))
         layers = Layers(made, full)
         x, target = _fsdp_batch(rank, case)
@@ -353,14 +346,14 @@ class FsdpStep:
                                            f"gradient pieces (one per layer)"]}
         got = [g.detach() if isinstance(g, torch.Tensor) else torch.full_like(e, math.nan)
                for e, g in zip(expected, grads)]
-        report = _checks().compare([(f"grads[{i}]", e, g) for i, (e, g) in enumerate(zip(expected, got))])
+        report = _common.compare([(f"grads[{i}]", e, g) for i, (e, g) in enumerate(zip(expected, got))])
         if report["ok"] and layers.peak > 2:
             report["schedule"] = (f"{layers.peak} layers' full parameter vectors were alive at once on rank "
                                   f"{rank}; a fully sharded model holds at most two (the layer computing and "
                                   f"the next one, prefetched). Gather a layer, use it, let it go (keeping an "
                                   f"autograd graph through it keeps it too): gather it again for its backward.")
         before = [(f"shards[{i}]", s, h) for i, (s, h) in enumerate(zip(shards, handed[0]))]
-        return _checks().untouched(report, before + [("x", x, handed[1]), ("target", target, handed[2])])
+        return _common.untouched(report, before + [("x", x, handed[1]), ("target", target, handed[2])])
 
     def reference(self, case, n, rank, pieces):
         flats = [f.requires_grad_() for f in _fsdp_weights(case)]
@@ -382,7 +375,7 @@ class FsdpStep:
         pieces = [math.ceil((i * o + o) / n) for i, o in FSDP_LAYERS]
         s = sum(pieces) * n * 8
         bound = 3 * (n - 1) * sum(pieces) * 8
-        return _checks().Need(sent_bytes=bound,
+        return _common.Need(sent_bytes=bound,
                     ideal=f"3(N-1)/N x S = {bound} bytes (S = {s} bytes of padded parameters: all-gather for "
                           f"forward, all-gather for backward, reduce-scatter of the gradients)",
                     algorithm="fully sharded data parallel with ring collectives", chapter=self.chapter)

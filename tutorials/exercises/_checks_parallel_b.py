@@ -1,7 +1,7 @@
 """Checks for the exercises of chapters 17 and 19: ``tensor_parallel_mlp`` and ``moe_dispatch``.
 
-Same shape as every check in ``_checks.py`` (cases, run, need, label); registered there with
-``CHECKS.update(PARALLEL_B_CHECKS)``. Every rank builds every rank's inputs from the case's
+Same shape as every check (cases, run, need, label: ``_checks.py`` says what each does);
+registered in the registry ``_checks.CHECKS``. Every rank builds every rank's inputs from the case's
 seed, so each computes the expected answer itself, in one process, with plain torch.
 """
 import math
@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from tutorials.exercises._checks import Need, compare, untouched
+from tutorials.exercises._common import Need, compare, untouched
 
 E = 8   # float64 throughout: tensor-parallel sums are reordered, float64 keeps them within 1e-12
 

@@ -21,13 +21,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from tutorials.exercises import _common
+
 E = 8   # float64
-
-
-def _checks():
-    """The grader's helpers (compare, untouched, Need), imported when used: _checks imports this module."""
-    from tutorials.exercises import _checks
-    return _checks
 
 
 def part(x, n, r):
@@ -159,10 +155,10 @@ class RingAttentionZigzag:
         watch = Watch(list(zip(k_all.split(c), v_all.split(c))), rank, n)
         with watch:
             out = fn(*mine)
-        report = _checks().compare([("out", expected, out)])
+        report = _common.compare([("out", expected, out)])
         if not report["ok"] and isinstance(out, torch.Tensor) and out.shape == expected.shape:
             report["lines"] += self.diagnose(out, expected, (q_all, k_all, v_all), rank, n, c)
-        _checks().untouched(report, [(what, before, now) for what, before, now in zip("qkv", given, mine)])
+        _common.untouched(report, [(what, before, now) for what, before, now in zip("qkv", given, mine)])
         if not report["ok"]:
             return report
         blocks = watch.macs / (2 * c * c * d)
@@ -227,7 +223,7 @@ class RingAttentionZigzag:
         kv = 2 * case["rows"] * case["dim"] * E
         if kv < 1000 * E or n == 1:
             return None
-        return _checks().Need(sent_bytes=2 * (n - 1) * kv, sent_messages=2 * (n - 1),
+        return _common.Need(sent_bytes=2 * (n - 1) * kv, sent_messages=2 * (n - 1),
                     ideal=f"2(N-1) x 2c x d x 8 = {2 * (n - 1) * kv} bytes in at most 2(N-1) = {2 * (n - 1)} "
                           f"messages (N-1 key chunks and N-1 value chunks of both halves, {kv} bytes each; the "
                           f"queries stay)", algorithm="zig-zag ring attention", chapter=self.chapter)

@@ -65,7 +65,7 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from collectives.tools.launch import free_port
-from tutorials.exercises import _checks, _numeric, _worker
+from tutorials.exercises import _checks, _numeric, _watch, _worker
 from tutorials.exercises._checks_ladder import LADDERS
 
 HERE = Path(__file__).resolve().parent
@@ -196,17 +196,19 @@ class World:
         self.stop = None         # None (finished), or (kind, rank, index, payload)
         self.others = {}         # rank -> (kind, payload) of ranks that failed after the first
         self.statuses = None     # where each rank was, for a deadlock
+        self.logs = None         # each rank's latest messages (_watch.log_message), read with the statuses
 
 
 def run_world(name, source, n, quick, hang_seconds):
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["tutorials.exercises._worker"])
-    status = ctx.RawArray(ctypes.c_char, n * _worker.SLOT)
+    status = ctx.RawArray(ctypes.c_char, n * _watch.SLOT)
     progress = ctx.RawArray(ctypes.c_longlong, n)
+    log = ctx.RawArray(ctypes.c_char, n * _watch.LOG_SLOT)
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker.worker, daemon=True,
-                         args=(r, n, port, name, source, quick, status, progress, results)) for r in range(n)]
+                         args=(r, n, port, name, source, quick, status, progress, log, results)) for r in range(n)]
     for p in procs:
         p.start()
     world, ready, done = World(n), set(), set()
@@ -236,7 +238,7 @@ def run_world(name, source, n, quick, hang_seconds):
                         break
                 elif world.stop is None:
                     world.stop = (kind, rank, index, payload)
-                    world.statuses = [_status_of(status, r) for r in range(n)]   # a short receive shows here
+                    world.statuses, world.logs = _where(status, log, n)   # a short receive shows here
                     stop_at = time.monotonic() + 1.0   # collect the other ranks' reports for a moment
                 else:
                     world.others[rank] = (kind, payload)
@@ -249,15 +251,15 @@ def run_world(name, source, n, quick, hang_seconds):
                     statuses = [_status_of(status, r) for r in range(n)]
                     if _all_blocked(statuses, name):
                         world.stop = ("deadlock", None, len(_complete(world)), min(hang_seconds, WAIT_SECONDS))
-                        world.statuses = statuses
+                        world.statuses, world.logs = statuses, _where(status, log, n)[1]
                         break
                 if len(ready) == n and quiet > hang_seconds:
                     world.stop = ("deadlock", None, len(_complete(world)), hang_seconds)
-                    world.statuses = [_status_of(status, r) for r in range(n)]
+                    world.statuses, world.logs = _where(status, log, n)
                     break
                 if len(ready) == n and now - started > START_SECONDS + WORLD_SECONDS:
                     world.stop = ("slow", None, len(_complete(world)), WORLD_SECONDS)
-                    world.statuses = [_status_of(status, r) for r in range(n)]
+                    world.statuses, world.logs = _where(status, log, n)
                     break
                 if len(ready) < n and now - started > START_SECONDS:
                     world.stop = ("died", None, None, f"the world of {n} did not start in {START_SECONDS} s")
@@ -267,7 +269,7 @@ def run_world(name, source, n, quick, hang_seconds):
                     r = dead[0]
                     world.stop = ("died", r, len(_complete(world)),
                                   f"rank {r} died with exit code {procs[r].exitcode} (no Python traceback)")
-                    world.statuses = [_status_of(status, q) for q in range(n)]
+                    world.statuses, world.logs = _where(status, log, n)
                     stop_at = time.monotonic() + 1.0
     finally:
         for p in procs:
@@ -289,8 +291,24 @@ def _all_blocked(statuses, name):
     return any(blocked) and all(b or r for b, r in zip(blocked, returned))
 
 
+def _where(status, log, n):
+    """Where each rank is, and each rank's log of its latest messages."""
+    return [_status_of(status, r) for r in range(n)], [_log_of(log, r) for r in range(n)]
+
+
+def _log_of(log, rank):
+    """{(kind, peer): [(first, last, dtype, dims)]} from a rank's message log (_watch.log_message)."""
+    raw = bytes(log[rank * _watch.LOG_SLOT:(rank + 1) * _watch.LOG_SLOT]).split(b"\0", 1)[0]
+    runs = {}
+    for entry in raw.decode("utf-8", "replace").split(";"):
+        got = _LOGGED.fullmatch(entry)
+        if got:     # an entry cut short by the slot's end is left out
+            runs.setdefault((got[1], int(got[2])), []).append((int(got[3]), int(got[4]), got[5], got[6]))
+    return runs
+
+
 def _status_of(status, rank):
-    raw = bytes(status[rank * _worker.SLOT:(rank + 1) * _worker.SLOT])
+    raw = bytes(status[rank * _watch.SLOT:(rank + 1) * _watch.SLOT])
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
@@ -459,7 +477,7 @@ def _crash_text(name, world, check, cases, shown_path, source):
                 + "\n".join(f"  rank {r}: {s}" for r, s in enumerate(world.statuses)))
     if kind == "load_error":
         return f"FAIL {name}: the solution could not be loaded:\n{payload}"
-    short = _short_receive(world.statuses or []) if kind in ("died", "crash") else None
+    short = _short_receive(world.statuses or [], world.logs) if kind in ("died", "crash") else None
     if short:
         return (f"FAIL {name}: a receive buffer too short {where}: {short} A receive must name a buffer of at least the "
                     f"message's size, exactly its size for NCCL and collectives' door; gloo aborts the "
@@ -488,6 +506,7 @@ _RECEIVING = re.compile(r"^(?:in dist\.recv|waiting in req\.wait\(\) for dist\.i
 _SENDING = re.compile(r"^(?:in dist\.send|returned from dist\.send|waiting in req\.wait\(\) for dist\.isend|"
                       r"done waiting for dist\.isend|posted dist\.isend)"
                       r"\(dst=(\d+)\) of " + _SHAPE)
+_LOGGED = re.compile(r"([sr])(\d+):(\d+)-(\d+)=" + _SHAPE)
 _SIZES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1}
 
 
@@ -498,9 +517,21 @@ def _nbytes(dtype, dims):
     return numel * _SIZES.get(dtype, 4)
 
 
-def _short_receive(statuses):
-    """Where a rank receives into a buffer smaller than the message its peer is sending, else None
-    (from where each rank was: gloo aborts a receiver that gets more than its buffer holds)."""
+def _short_receive(statuses, logs=None):
+    """Where a rank receives into a buffer smaller than the message its peer sends, else None. Each
+    rank's k-th receive from a peer is that peer's k-th send to it (gloo keeps a pair's messages in
+    order), so the message logs say it even after the sender has moved on; where a log lacks the
+    pair, where the ranks are now (one receiving, its peer sending to it) may still say it."""
+    for r, log in enumerate(logs or []):
+        for (kind, src), received in sorted(log.items()):
+            if kind != "r" or not 0 <= src < len(logs):
+                continue
+            sent = logs[src].get(("s", r), [])
+            for first, last, dtype, dims in received:
+                for first_s, last_s, dtype_s, dims_s in sent:
+                    have, need = _nbytes(dtype, dims), _nbytes(dtype_s, dims_s)
+                    if max(first, first_s) <= min(last, last_s) and have < need:
+                        return _short_text(r, src, f"{dtype}[{dims}]", have, f"{dtype_s}[{dims_s}]", need)
     for r, text in enumerate(statuses):
         got = _RECEIVING.match(text)
         if not got or int(got[1]) >= len(statuses):
@@ -510,10 +541,13 @@ def _short_receive(statuses):
         if sent and int(sent[1]) == r:
             have, need = _nbytes(got[2], got[3]), _nbytes(sent[2], sent[3])
             if have < need:
-                return (f"rank {r} receives from rank {src} into {got[2]}[{got[3]}] ({have} bytes), but rank "
-                        f"{src} sends {sent[2]}[{sent[3]}] ({need} bytes): the receive buffer is shorter "
-                        f"than the message.")
+                return _short_text(r, src, f"{got[2]}[{got[3]}]", have, f"{sent[2]}[{sent[3]}]", need)
     return None
+
+
+def _short_text(r, src, into, have, message, need):
+    return (f"rank {r} receives from rank {src} into {into} ({have} bytes), but rank {src} sent that "
+            f"message as {message} ({need} bytes): the receive buffer is shorter than the message.")
 
 
 UNCHANGED = "(unchanged:"
@@ -618,6 +652,24 @@ def _worlds_line(outcomes):
     head = f"Passed on worlds of {', '.join(passed)} rank{'s' if passed != ['1'] else ''}" if passed \
         else "Passed on no world"
     return f"{head}; failed on {', '.join(failed)}."
+
+
+def _power_of_two_text(outcomes):
+    """A sentence if the worlds that went wrong are exactly those whose size is not a power of two
+    (``outcomes`` must hold every world graded: one not run may have broken the pattern)."""
+    def power(n):
+        return n & (n - 1) == 0
+    broken = sorted(n for n, o in outcomes.items() if o != "pass")
+    fine = [n for n, o in outcomes.items() if n > 1 and o == "pass"]
+    if not broken or not fine or any(power(n) for n in broken) or not all(power(n) for n in fine):
+        return ""
+    text = (f" It fails only where N is not a power of two ({', '.join(map(str, broken))}): a schedule that "
+            f"pairs rank r with r XOR 2^k has no partner for some ranks there. Fold the ranks beyond the "
+            f"largest power of two in first, as chapter 5 (tutorials/05_algorithms.md) shows.")
+    if all(n % 2 for n in broken) and not any(n % 2 == 0 and not power(n) for n in outcomes):
+        text += (" (Those worlds are also the odd ones graded: a schedule that pairs ranks by parity "
+                 "fails on the same worlds.)")
+    return text
 
 
 # Mistakes the same on every world: grading more worlds would only repeat them.
@@ -728,7 +780,7 @@ def _grade(name, solution, quick, hang_seconds, world_sizes, verbose):
                 failed = Verdict(name, False, "deadlock", _deadlock_text(name, world, check, cases))
             elif world.stop is not None:
                 reason = world.stop[0]
-                if reason in ("died", "crash") and _short_receive(world.statuses or []):
+                if reason in ("died", "crash") and _short_receive(world.statuses or [], world.logs):
                     reason = "buffer"
                 failed = Verdict(name, False, reason, _crash_text(name, world, check, cases, shown, source))
             for index in _complete(world):
@@ -799,6 +851,8 @@ def _grade(name, solution, quick, hang_seconds, world_sizes, verbose):
                 why = ("stopped at the first deadlock: fix it, then grade again" if verdict.reason == "deadlock"
                        else "this mistake is the same on every world")
                 verdict.text += f" Not run: {', '.join(skipped)} ({why})."
+            else:
+                verdict.text += _power_of_two_text(outcomes)
         if verdict is None:
             text = (f"PASS {name}: correct in all {counted} cases on worlds of "
                     f"{', '.join(map(str, sorted(sizes)))} ranks.")
