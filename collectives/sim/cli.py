@@ -4,7 +4,7 @@ Usage::
 
     python -m collectives.sim --collective all_reduce --algorithm ring,tree \\
         --world-size 8,64,1024 -b 4K -e 1G -f 4 --topology h100-cluster
-    python -m collectives.sim --collective all_reduce --function mine.py:all_reduce --check --world-size 1024
+    python -m collectives.sim --collective all_reduce --function mine.py:all_reduce --check --world-size 1024 -e 1M
     python -m collectives.sim --collective broadcast --world-size 33 --check --root 7
     python -m collectives.sim --topology my_cluster.json --json rows.json --trace ring.json
 
