@@ -456,7 +456,9 @@ class World:
         self._block(r)
 
 
-PROGRESS_EVENTS = 1024     # events between two calls of a world's ``progress`` (a sum over its ranks: well under 1% of their time)
+# events between two calls of a world's ``progress``: each sums over the ranks, well under 1%
+# of the time the events take
+PROGRESS_EVENTS = 1024
 
 
 def check_noise(n, stragglers=None, delays=None, jitter=0.0, seed=0):
