@@ -4,7 +4,7 @@ Usage::
 
     python -m collectives.sim --collective all_reduce --algorithm ring,tree \\
         --world-size 8,64,1024 -b 4K -e 1G -f 4 --topology h100-cluster
-    python -m collectives.sim --collective all_reduce --function mine.py:all_reduce --check --world-size 1024
+    python -m collectives.sim --collective all_reduce --function mine.py:all_reduce --check --world-size 1024 -e 1M
     python -m collectives.sim --collective broadcast --world-size 33 --check --root 7
     python -m collectives.sim --topology my_cluster.json --json rows.json --trace ring.json
 
@@ -19,6 +19,18 @@ own algorithm, with the signature of the algorithm modules), ``--json FILE`` (on
 row), ``--trace FILE`` (a Perfetto trace, in simulated time, of the first algorithm at the
 first world size and size).
 
+Stragglers and noise (:mod:`collectives.sim.world` defines them): ``--straggler RANK:FACTOR``
+makes that rank a host FACTOR times slower (its CPU work, and the latency and gap of every
+message it sends or receives; not the links' bandwidth), ``--straggler RANK:+SECONDS`` makes
+it enter every call SECONDS late; both repeatable. ``--jitter SECONDS`` adds to every
+message's latency an extra drawn from the exponential distribution of that mean, from
+``--seed N`` (default 0): the same seed gives the same times.
+
+Progress: a run longer than about 2 s says on stderr how far it is (point k of n, the
+collective, algorithm, world size and size, messages done, ranks finished): one line
+rewritten in place at most 4 times a second when stderr is a terminal, else a line every 5 s.
+A shorter run prints nothing there; ``--quiet`` turns it off.
+
 Exit status: 0; 1 when ``--check`` finds a wrong element (the rank and the element are
 named); 2 for bad flags (before anything runs); 3 when a schedule deadlocks (with the cycle).
 """
@@ -26,8 +38,10 @@ import argparse
 import importlib.util
 import inspect
 import json
+import math
 import os
 import sys
+import time
 
 import torch
 
@@ -52,6 +66,76 @@ def world_sizes(text):
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"--world-size must be 1 or more, got {text!r}")
     return values
+
+
+def straggler(text):
+    """``RANK:FACTOR`` (a rank FACTOR times slower) or ``RANK:+SECONDS`` (a rank that enters
+    every call SECONDS late): (rank, "factor" or "delay", value)."""
+    rank, sep, value = str(text).partition(":")
+    try:
+        rank = int(rank)
+        late = value.strip().startswith("+")
+        x = float(value.strip().lstrip("+"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--straggler takes RANK:FACTOR (3:2, rank 3 twice as slow) or "
+                                         f"RANK:+SECONDS (3:+0.001, rank 3 one ms late); got {text!r}") from None
+    if not sep or rank < 0 or not math.isfinite(x) or (x < 0 if late else x <= 0):
+        raise argparse.ArgumentTypeError(f"--straggler {text}: the rank must be >= 0 and "
+                                         + ("the delay >= 0 seconds" if late else "the factor > 0"))
+    return rank, "delay" if late else "factor", x
+
+
+def seconds(text):
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"--jitter takes seconds >= 0 (the mean extra latency of a message), "
+                                         f"got {text!r}")
+    return x
+
+
+class Progress:
+    """How far a long run is, on ``stream`` (stderr): nothing for the first ``after`` seconds,
+    then, at most every ``every`` seconds, one line rewritten in place on a terminal, or a
+    plain line otherwise. ``point`` names the point being run; ``tick`` is the world's
+    ``progress`` callback."""
+
+    def __init__(self, stream, total, after=2.0, every=None):
+        self.stream, self.total = stream, total
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.every = every if every is not None else (0.25 if self.tty else 5.0)
+        self.begun = time.monotonic()
+        self.next = self.begun + after
+        self.k, self.what, self.since = 0, "", self.begun
+        self.shown = False
+
+    def point(self, what, n):
+        self.k += 1
+        self.what, self.since = what, time.monotonic()
+        self.tick(0, 0, n)
+
+    def tick(self, messages, finished, n):
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + self.every
+        line = (f"collectives.sim: point {self.k} of {self.total}, {self.what}: {messages:,} messages done, "
+                f"{finished}/{n} ranks finished ({now - self.since:.0f} s on it, {now - self.begun:.0f} s in all)")
+        if self.tty:
+            self.stream.write("\r" + line + "\x1b[K")
+            self.shown = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def clear(self):
+        """Before a line goes to stdout: on a terminal, the progress line goes."""
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
 
 
 def load_function(spec, collective):
@@ -114,6 +198,16 @@ def parser():
     p.add_argument("--gap", default=None, type=float, metavar="SECONDS",
                    help="LogGP's g: least time between two message starts out of (or into) one rank "
                         "(default: the topology's gap, else its alpha)")
+    p.add_argument("--straggler", type=straggler, action="append", default=[], metavar="RANK:FACTOR",
+                   help="that rank is a host FACTOR times slower: its CPU work and the latency and gap of "
+                        "its messages (not the links' bandwidth); RANK:+SECONDS: it enters every call "
+                        "SECONDS late. Repeatable")
+    p.add_argument("--jitter", type=seconds, default=0.0, metavar="SECONDS",
+                   help="every message's latency gets an extra drawn from the exponential distribution "
+                        "of this mean (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="the jitter's random seed (default 0)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (shown for runs longer than about 2 s)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows as a JSON list")
     p.add_argument("--trace", default=None, metavar="FILE", help="Perfetto trace of the first point")
     p.add_argument("--html", default=None, metavar="FILE",
@@ -148,6 +242,9 @@ def plan(args):
     for n in args.world_size:
         if any(c in ROOTED for c in collectives_) and not 0 <= args.root < n:
             raise ValueError(f"--root {args.root} is out of range for --world-size {n}")
+        for rank, _, _ in args.straggler:
+            if rank >= n:
+                raise ValueError(f"--straggler names rank {rank}, but --world-size {n} has ranks 0..{n - 1}")
         if args.check and n * max(points) * (n if any(c in ("all_to_all", "all_gather", "gather")
                                                         for c in collectives_) else 1) > CHECK_LIMIT:
             raise ValueError(f"--check keeps every rank's real tensors: {n} ranks x {human(max(points))} is "
@@ -155,73 +252,92 @@ def plan(args):
     return todo, points, spec
 
 
-def main(argv=None):
+def noise(args):
+    """simulate()'s keyword arguments for ``--straggler``, ``--jitter`` and ``--seed``."""
+    stragglers = {r: x for r, how, x in args.straggler if how == "factor"}
+    delays = {r: x for r, how, x in args.straggler if how == "delay"}
+    return dict(stragglers=stragglers or None, delays=delays or None, jitter=args.jitter, seed=args.seed)
+
+
+def main(argv=None, progress_after=2.0, progress_every=None):
+    """The command; ``progress_after`` and ``progress_every`` (seconds) set when progress
+    starts and how often it is said (the tests make them small)."""
     args = parser().parse_args(argv)
     try:
         todo, points, spec = plan(args)
     except ValueError as exc:
         print(f"collectives.sim: {exc}", file=sys.stderr)
         return 2
+    extra = noise(args)
+    total = sum(len(a) for _, a in todo) * len(args.world_size) * len(points)
+    progress = None if args.quiet else Progress(sys.stderr, total, progress_after, progress_every)
+    if progress is not None:
+        extra["progress"] = progress.tick
+    say = print if progress is None else (lambda *a, **k: (progress.clear(), print(*a, **k)))
     dtype = DTYPES[args.datatype]
     item = torch.empty(0, dtype=dtype).element_size()
     device = "cpu" if args.check else "meta"
-    print(f"# collectives.sim: {topologies.describe(spec)}")
-    print(f"#   source: {spec.get('source', 'a topology file')}")
+    say(f"# collectives.sim: {topologies.describe(spec)}")
+    say(f"#   source: {spec.get('source', 'a topology file')}")
     rows, traced = [], args.trace is None
     for collective, algorithms in todo:
         for n in args.world_size:
-            print(f"\n# {collective} on {n} ranks" + (f", root {args.root}" if collective in ROOTED else "")
+            say(f"\n# {collective} on {n} ranks" + (f", root {args.root}" if collective in ROOTED else "")
                   + f" (busbw = algbw x {busbw_factor(collective, n):.3g})")
-            print(f"{'size':>10} {'count':>12} {'type':>8}  {'algorithm':<22} {'time(us)':>12} {'algbw(GB/s)':>12} "
+            say(f"{'size':>10} {'count':>12} {'type':>8}  {'algorithm':<22} {'time(us)':>12} {'algbw(GB/s)':>12} "
                   f"{'busbw(GB/s)':>12} {'msgs/rank':>10} {'bytes/rank':>12}")
             for size in points:
                 results = []
                 for name, fn in algorithms:
+                    if progress is not None:
+                        progress.point(f"{collective}/{name}, {n} ranks, {human(size)}", n)
                     try:
                         if not traced:
                             with observers.trace() as records:
-                                r = simulate(collective, fn, n, size, spec, args.root, device, dtype)
+                                r = simulate(collective, fn, n, size, spec, args.root, device, dtype, **extra)
                             from ..tools import perfetto
                             perfetto.export_chrome_trace(records, args.trace)
                             traced = True
                         else:
-                            r = simulate(collective, fn, n, size, spec, args.root, device, dtype)
+                            r = simulate(collective, fn, n, size, spec, args.root, device, dtype, **extra)
                     except Deadlock as exc:
-                        print(f"collectives.sim: {collective}/{name} on {n} ranks, {human(size)}: {exc}",
+                        say(f"collectives.sim: {collective}/{name} on {n} ranks, {human(size)}: {exc}",
                               file=sys.stderr)
                         return 3
                     except SimulationError as exc:
-                        print(f"collectives.sim: {collective}/{name} on {n} ranks, {human(size)}: {exc}",
+                        say(f"collectives.sim: {collective}/{name} on {n} ranks, {human(size)}: {exc}",
                               file=sys.stderr)
                         return 1
                     r.algorithm = name
                     results.append(r)
                     rows.append(r.row())
-                    print(f"{human(r.bytes):>10} {elements(collective, size, n, item):>12} {args.datatype:>8}  "
+                    say(f"{human(r.bytes):>10} {elements(collective, size, n, item):>12} {args.datatype:>8}  "
                           f"{name:<22} {r.time * 1e6:>12.2f} {r.algbw / 1e9:>12.3f} {r.busbw / 1e9:>12.3f} "
                           f"{r.max_messages_sent:>10} {r.max_bytes_sent:>12}")
                     if r.wrong is not None:
                         rank, out, j, got, want = r.wrong
                         what = f"element {j} is {got}, expected {want}" if j is not None else \
                             f"shape {got}, expected {want}"
-                        print(f"collectives.sim: WRONG RESULT: {collective}/{name} on {n} ranks, {human(size)}: "
+                        say(f"collectives.sim: WRONG RESULT: {collective}/{name} on {n} ranks, {human(size)}: "
                               f"rank {rank}, output {out}: {what}", file=sys.stderr)
                         return 1
                 if len(results) > 1:
                     best = min(results, key=lambda x: x.time)
-                    print(f"{'':>10} {'':>12} {'':>8}  fastest: {best.algorithm}")
+                    say(f"{'':>10} {'':>12} {'':>8}  fastest: {best.algorithm}")
+    if progress is not None:
+        progress.clear()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-        print(f"\n# wrote {len(rows)} rows to {args.json}")
+        say(f"\n# wrote {len(rows)} rows to {args.json}")
     if args.trace:
-        print(f"# wrote a Perfetto trace of {todo[0][0]}/{todo[0][1][0][0]} on {args.world_size[0]} ranks, "
+        say(f"# wrote a Perfetto trace of {todo[0][0]}/{todo[0][1][0][0]} on {args.world_size[0]} ranks, "
               f"{human(points[0])} to {args.trace} (simulated time; open it in ui.perfetto.dev)")
     if args.check:
-        print("# every rank's result equals the closed form")
+        say("# every rank's result equals the closed form")
     if args.html:   # --html: collectives.viz draws the first point (sizes aside: it picks its own)
         from .. import viz
         c, (name, fn) = todo[0][0], todo[0][1][0]
         viz.page(c, fn, args.world_size[0], path=args.html, topology=spec, root=args.root)
-        print(f"# wrote {args.html}: {c}/{name} on {args.world_size[0]} ranks, drawn by collectives.viz")
+        say(f"# wrote {args.html}: {c}/{name} on {args.world_size[0]} ranks, drawn by collectives.viz")
     return 0

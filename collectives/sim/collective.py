@@ -17,7 +17,7 @@ from ..algorithms import REGISTRY
 from ..algorithms._cost import SIZE_OF_CALL
 from ..observers import CallRecord
 from . import topology as topologies
-from .world import ChargedOp, SimDoor, World
+from .world import ChargedOp, SimDoor, World, check_noise
 
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
@@ -243,7 +243,7 @@ def resolve_algorithm(collective, algorithm):
 
 def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g", root=0,
              device="meta", dtype=torch.float32, op=ReduceOp.SUM, check=None, calls=1, memory=None,
-             schedule=False):
+             schedule=False, stragglers=None, delays=None, jitter=0.0, seed=0, progress=None):
     """Simulate one call of ``algorithm`` (a registered name or a function with the algorithm
     modules' signature) of ``collective`` on ``world_size`` virtual ranks.
 
@@ -262,6 +262,14 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         schedule: keep each rank's posts, waits and CPU time in ``Result.schedule`` (see
             :class:`~collectives.sim.world.World`), for another simulator to play the same
             messages (``python -m benchmarks.sim_vs_simgrid``).
+        stragglers: ``{rank: factor}``: each such rank is ``factor`` times slower at its own CPU
+            work and at the latency and gap of its messages (:mod:`~collectives.sim.world`).
+        delays: ``{rank: seconds}``: each such rank enters every call ``seconds`` late.
+        jitter: seconds, the mean of an exponentially distributed extra latency of every
+            message, drawn from ``random.Random(seed)``: the same seed, the same times.
+        progress: called as ``progress(messages done, ranks finished, world_size)`` every few
+            thousand events, for a long simulation to say how far it is (``--quiet`` aside,
+            the command line's does).
 
     Returns:
         :class:`Result`. Raises :class:`~collectives.sim.deadlock.Deadlock` if the ranks wait
@@ -289,6 +297,7 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         raise ValueError(f"device must be 'meta' or 'cpu' (the ranks are virtual and run in this "
                          f"process: 'meta' for time and traffic, 'cpu' for real data), got {str(device)!r}")
     device = str(device)
+    check_noise(n, stragglers, delays, jitter, seed)
     spec = topologies.load(topology)
     fabric = topologies.build(spec, n)
     item = torch.empty(0, dtype=dtype).element_size()
@@ -297,11 +306,13 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
     red = reduce_ops.reduction(op, dtype, f"collectives.sim {collective}") if collective in REDUCING else None
     refuse_beyond_memory(collective, n, size, device, memory)
     check = device != "meta" if check is None else check
-    world = World(fabric, real_data=device != "meta", schedule=schedule)
+    world = World(fabric, real_data=device != "meta", schedule=schedule, stragglers=stragglers,
+                  delays=delays, jitter=jitter, seed=seed, progress=progress)
     outputs = [None] * n
 
     def body(r):
         for _ in range(calls):
+            world.arrive(r)
             with world.aside(world.ranks[r]):   # the inputs exist before the call: not its work
                 args, outs = setup(collective, r, n, e, root, dtype, device)
             outputs[r] = outs

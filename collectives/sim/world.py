@@ -23,11 +23,35 @@ the network's: messages already posted keep moving. So does the CPU a rank spend
 posting messages (``overhead`` per message, LogP's *o*) and starting a call (``call``).
 Where ranks share ``cores`` cores, all of these and the wake-up after each wait queue
 for a free core.
+
+Stragglers and noise (``simulate(stragglers=, delays=, jitter=, seed=)``, ``--straggler``,
+``--jitter``, ``--seed``), none by default:
+
+* a *slow* rank (``stragglers={rank: F}``, ``--straggler RANK:F``) is a host F times slower
+  at everything it does itself, not a slower cable: its CPU time (gamma per reduced byte,
+  ``call``, ``overhead`` o per posted message, ``wake``, its memory work and Python) is
+  multiplied by F, and so are the latency L and the gap g of every message it sends or
+  receives (a message is as slow as its slower end: the factor is the larger of its two
+  ends'). L is mostly the ends' protocol work (NCCL's hwLat is its protocol's, not the
+  cable's), and g is the NIC's set-up, so both belong to the host; G, the links' time per
+  byte, does not change. A rank throttled to half its clock is F = 2;
+* a *late* rank (``delays={rank: seconds}``, ``--straggler RANK:+SECONDS``) enters every
+  call SECONDS after the others (on a core, where cores are shared): the arrival skew that
+  load imbalance before a collective gives. It is not multiplied by its factor;
+* *jitter* (``jitter=J``, ``--jitter J``): every message's latency L gets an extra drawn
+  from the exponential distribution of mean J (memoryless noise: an interrupt, a busy
+  switch), from ``random.Random(seed)`` in the order messages meet, which the event loop
+  fixes. The same seed gives the same times, bit for bit, on topologies whose ``python``
+  is 0 (on ``local`` the host's own timing varies anyway). The gap g is not jittered.
+
+A factor of 1, a delay of 0 and a jitter of 0 change nothing: those paths are not taken.
 """
 import contextlib
 import gc
 import heapq
 import itertools
+import math
+import random
 import time
 
 import greenlet
@@ -88,7 +112,8 @@ class Rank:
 class World:
     """The clock, the event queue, the ranks and the network of one simulation."""
 
-    def __init__(self, fabric, real_data=True, schedule=False):
+    def __init__(self, fabric, real_data=True, schedule=False, stragglers=None, delays=None,
+                 jitter=0.0, seed=0, progress=None):
         self.fabric = fabric
         # schedule: each rank's posts, waits and CPU time, in order, for another simulator to
         # play (``benchmarks.sim_vs_simgrid``): ("post", [(kind, peer, tag, nbytes), ...]),
@@ -118,6 +143,18 @@ class World:
         self.failed = None
         self.quiet = False            # inside aside(): writes not counted
         self.python = fabric.python   # simulated CPU seconds per host second of a rank's own code
+        check_noise(fabric.n, stragglers, delays, jitter, seed)
+        # per rank: how many times slower it is (None: no straggler, the paths below not taken)
+        self.slow = None
+        if stragglers and any(f != 1 for f in stragglers.values()):
+            self.slow = [1.0] * self.n
+            for rank, factor in stragglers.items():
+                self.slow[rank] = float(factor)
+        self.late = {r: float(d) for r, d in (delays or {}).items() if d > 0}
+        self.noise = random.Random(seed) if jitter > 0 else None
+        self.jitter = float(jitter)
+        # progress(messages done, ranks finished, n), every PROGRESS_EVENTS events
+        self.progress = progress
 
     # -- the loop ------------------------------------------------------------------
 
@@ -139,7 +176,7 @@ class World:
         memory = MemoryWork(self) if self.fabric.memory else contextlib.nullcontext()
         try:
             with memory:
-                self._loop()
+                self._loop() if self.progress is None else self._loop_reporting()
         finally:
             if collecting:
                 gc.enable()
@@ -162,6 +199,24 @@ class World:
                 rank = self.failed
                 raise SimulationError(f"rank {rank.id} of {self.n} raised {type(rank.error).__name__}: "
                                       f"{rank.error}") from rank.error
+
+    def _loop_reporting(self):
+        """:meth:`_loop`, calling ``progress`` every ``PROGRESS_EVENTS`` events (a separate loop,
+        so that a simulation without it pays nothing)."""
+        queue, pop, report, ranks = self.queue, heapq.heappop, self.progress, self.ranks
+        count = 0
+        while queue:
+            t, _, fn, args = pop(queue)
+            self.now = t
+            fn(*args)
+            if self.failed is not None:
+                rank = self.failed
+                raise SimulationError(f"rank {rank.id} of {self.n} raised {type(rank.error).__name__}: "
+                                      f"{rank.error}") from rank.error
+            count += 1
+            if count == PROGRESS_EVENTS:
+                count = 0
+                report(sum(r.sent_messages for r in ranks), sum(r.finished for r in ranks), self.n)
 
     def _main(self, rank, body):
         def main():
@@ -246,7 +301,18 @@ class World:
 
     def busy(self, rank, seconds):
         """``rank`` works ``seconds`` on a core (queueing for a shared one); its messages in
-        flight keep moving."""
+        flight keep moving. A straggler works its factor times longer."""
+        if self.slow is not None:
+            seconds *= self.slow[rank]
+        self._busy(rank, seconds)
+
+    def arrive(self, rank):
+        """``rank`` enters a call: a late one (``delays``) first works its delay on a core."""
+        seconds = self.late.get(rank) if self.late else None
+        if seconds:
+            self._busy(rank, seconds)
+
+    def _busy(self, rank, seconds):
         if seconds > 0 or self.core_free is not None:
             r = self.ranks[rank]
             if self.schedule is not None and seconds > 0:
@@ -263,6 +329,9 @@ class World:
         messages = each_message(collective, algorithm, step, sends, recvs)
         now, unmatched = self.now, self.unmatched
         o, r = self.fabric.overhead, self.ranks[rank]
+        if self.slow is not None:
+            o *= self.slow[rank]
+            r.debt *= self.slow[rank]
         done = None
         if o or r.debt:
             # posting costs the rank CPU (the door's checks, the transport's set-up), per
@@ -307,12 +376,18 @@ class World:
         send, recv = (a, b) if a.kind == "send" else (b, a)
         src, dst = send.rank, recv.rank
         links, alpha = self.fabric.route(src, dst)
+        gap = self.fabric.gap_of(src, dst, alpha)
+        if self.slow is not None:
+            factor = max(self.slow[src], self.slow[dst])
+            alpha, gap = alpha * factor, gap * factor
+        if self.noise is not None:
+            alpha += self.noise.expovariate(1.0 / self.jitter)
         classes, counts, nbytes = self.fabric.classes, self.link_bytes, send.nbytes
         for link in links:
             counts[classes[link]] += nbytes
         send.links = links
         start = max(self.now, send.posted, recv.posted, self.send_free[src], self.recv_free[dst])
-        self.send_free[src] = self.recv_free[dst] = start + self.fabric.gap_of(src, dst, alpha)
+        self.send_free[src] = self.recv_free[dst] = start + gap
         heapq.heappush(self.queue, (start + alpha, next(self._seq), self.network.start,
                                     (links, send.nbytes, self._complete, send, recv)))
 
@@ -363,7 +438,8 @@ class World:
     def _wake(self, rank, now):
         rank.waiting = None
         if self.core_free is not None or self.fabric.wake:
-            self.at(self._cpu(now, self.fabric.wake, rank.id), rank.let.switch)
+            wake = self.fabric.wake if self.slow is None else self.fabric.wake * self.slow[rank.id]
+            self.at(self._cpu(now, wake, rank.id), rank.let.switch)
         else:
             rank.let.switch()   # on at once: it runs until it waits again, then we are back here
 
@@ -378,6 +454,36 @@ class World:
             e.watched = True
         r.waiting, r.left = left, len(left)
         self._block(r)
+
+
+# events between two calls of a world's ``progress``: each sums over the ranks, well under 1%
+# of the time the events take
+PROGRESS_EVENTS = 1024
+
+
+def check_noise(n, stragglers=None, delays=None, jitter=0.0, seed=0):
+    """Raise ValueError, before anything runs, unless ``stragglers`` maps ranks of 0..n-1 to
+    factors > 0, ``delays`` maps such ranks to seconds >= 0, ``jitter`` is seconds >= 0 and
+    ``seed`` a whole number (docs/errors.md)."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    for name, table, least, strict in (("stragglers", stragglers, 0, True), ("delays", delays, 0, False)):
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            raise ValueError(f"{name} must be a dict {{rank: {'factor' if strict else 'seconds'}}}, "
+                             f"got {table!r}")
+        for rank, x in table.items():
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n:
+                raise ValueError(f"{name}: rank {rank!r} is not a rank of 0..{n - 1} ({n} ranks)")
+            if not number(x) or (x <= least if strict else x < least):
+                what = "a slowdown factor > 0 (2: twice as slow)" if strict else "a delay in seconds >= 0"
+                raise ValueError(f"{name}: rank {rank}'s {x!r} is not {what}")
+    if not number(jitter) or jitter < 0:
+        raise ValueError(f"jitter must be seconds >= 0 (the mean of each message's extra latency), got {jitter!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be a whole number, got {seed!r}")
 
 
 class SimPending:

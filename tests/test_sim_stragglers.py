@@ -1,0 +1,169 @@
+"""Stragglers, late ranks, jitter and progress in the simulator (``collectives/sim/world.py``,
+``collectives/sim/cli.py``).
+
+The closed forms use the ``ethernet-100g`` preset's own figures (alpha, bandwidth, gamma) on
+2 ranks, where recursive doubling is one message each way and one reduction: a rank of
+factor F makes its message's latency F alpha and its reduction F gamma S, a late rank adds its
+delay, and jitter adds the larger of the two messages' draws, which the test draws itself
+from the same ``random.Random(seed)``.
+"""
+import io
+import json
+import random
+
+import pytest
+
+from collectives.sim import simulate, topology
+from collectives.sim import cli
+
+S = 4096
+PRESET = topology.load("ethernet-100g")
+ALPHA, BETA, GAMMA = PRESET["alpha"], 1 / PRESET["bandwidth"], PRESET["gamma"]
+
+
+def times(result):
+    return [r["time"] for r in result.ranks]
+
+
+@pytest.mark.parametrize("algorithm, n", [("ring", 5), ("tree", 7), ("recursive_doubling", 1)])
+def test_factor_one_delay_zero_and_jitter_zero_change_nothing(algorithm, n):
+    base = simulate("all_reduce", algorithm, n, S, "h100-cluster")
+    for kw in (dict(stragglers={n - 1: 1}), dict(stragglers={0: 1.0}, delays={n - 1: 0.0}),
+               dict(jitter=0.0, seed=5)):
+        same = simulate("all_reduce", algorithm, n, S, "h100-cluster", **kw)
+        assert same.time == base.time and times(same) == times(base)
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.5, 0.5])
+@pytest.mark.parametrize("slow", [0, 1])
+def test_a_slow_rank_on_two_ranks_costs_its_factor_of_latency_and_reduction(slow, factor):
+    t = simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g", stragglers={slow: factor}).time
+    assert t == pytest.approx(max(factor, 1) * ALPHA + S * BETA + max(factor, 1) * GAMMA * S, rel=1e-12)
+    assert simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g").time == \
+        pytest.approx(ALPHA + S * BETA + GAMMA * S, rel=1e-12)
+
+
+def test_a_late_rank_delays_the_call_by_its_delay_every_call():
+    d = 7e-6
+    one = simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g", delays={1: d})
+    assert one.time == pytest.approx(d + ALPHA + S * BETA + GAMMA * S, rel=1e-12)
+    # time is per call: each of 3 calls waits d for the late rank
+    three = simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g", delays={1: d}, calls=3)
+    assert three.time == pytest.approx(one.time, rel=1e-12)
+
+
+def test_jitter_is_each_messages_exponential_draw_from_the_seed():
+    j = 3e-6
+    for seed in (0, 1, 12345):
+        rng = random.Random(seed)
+        x = [rng.expovariate(1 / j) for _ in range(2)]          # one per message, as they meet
+        t = simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g", jitter=j, seed=seed).time
+        assert t == pytest.approx(ALPHA + max(x) + S * BETA + GAMMA * S, rel=1e-12)
+
+
+def test_the_same_seed_gives_the_same_times_and_another_seed_others():
+    run = lambda seed: simulate("all_reduce", "ring", 6, S, "ethernet-100g", jitter=2e-6, seed=seed)  # noqa: E731
+    a, b, c = run(3), run(3), run(4)
+    assert times(a) == times(b)
+    assert times(a) != times(c)
+    assert a.time > simulate("all_reduce", "ring", 6, S, "ethernet-100g").time
+
+
+def test_one_slow_rank_slows_every_step_of_a_ring_and_one_leaf_of_a_tree():
+    """The point of stragglers: a ring's 2(N-1) steps each wait for the slow rank, a binomial
+    tree waits for it only where it is on the path (rank 1 is a leaf's first hop)."""
+    n = 16
+    base = {a: simulate("all_reduce", a, n, S, "ethernet-100g").time for a in ("ring", "tree")}
+    slow = {a: simulate("all_reduce", a, n, S, "ethernet-100g", stragglers={1: 2.0}).time for a in base}
+    assert slow["ring"] - base["ring"] > 5 * (slow["tree"] - base["tree"]) > 0
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(stragglers={4: 2.0}), r"rank 4 is not a rank of 0\.\.3"),
+    (dict(stragglers={-1: 2.0}), r"rank -1 is not a rank"),
+    (dict(stragglers={1: -2.0}), r"not a slowdown factor > 0"),
+    (dict(stragglers={1: 0}), r"not a slowdown factor > 0"),
+    (dict(stragglers={True: 2.0}), r"rank True is not a rank"),
+    (dict(stragglers=[1, 2.0]), r"stragglers must be a dict"),
+    (dict(delays={1: -1e-6}), r"not a delay in seconds >= 0"),
+    (dict(delays={1: float("nan")}), r"not a delay in seconds >= 0"),
+    (dict(jitter=-1e-6), r"jitter must be seconds >= 0"),
+    (dict(jitter="1us"), r"jitter must be seconds >= 0"),
+    (dict(seed=1.5), r"seed must be a whole number"),
+])
+def test_bad_noise_raises_before_any_rank_runs(kw, match):
+    ran = []
+
+    def fn(comm, tensor, op):
+        ran.append(comm.rank)
+
+    with pytest.raises(ValueError, match=match):
+        simulate("all_reduce", fn, 4, S, "ethernet-100g", **kw)
+    assert ran == []
+
+
+def test_the_command_line_takes_stragglers_and_jitter_and_refuses_bad_ones(capsys, tmp_path):
+    path = str(tmp_path / "rows.json")
+    argv = ["--algorithm", "ring", "--world-size", "4", "-b", "4K", "-e", "4K", "--json", path]
+    rows = []
+    for extra in ([], ["--straggler", "1:2"], ["--straggler", "1:+0.001"], ["--jitter", "1e-6", "--seed", "2"]):
+        assert cli.main(argv + extra) == 0
+        with open(path) as f:
+            rows.append(json.load(f)[0]["time_us"] * 1e-6)
+    want = [simulate("all_reduce", "ring", 4, 4096, "ethernet-100g", **kw).time
+            for kw in ({}, dict(stragglers={1: 2.0}), dict(delays={1: 1e-3}), dict(jitter=1e-6, seed=2))]
+    assert rows == pytest.approx(want, rel=1e-9)
+    capsys.readouterr()
+    assert cli.main(["--world-size", "4,8", "--straggler", "5:2"]) == 2
+    assert "--straggler names rank 5, but --world-size 4 has ranks 0..3" in capsys.readouterr().err
+    for bad in (["--straggler", "1:-2"], ["--straggler", "1"], ["--straggler", "1:+-3"], ["--jitter", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["--world-size", "4"] + bad)
+        assert exc.value.code == 2
+        assert "--straggler" in capsys.readouterr().err or bad[0] == "--jitter"
+
+
+def test_a_world_reports_its_progress_every_thousand_events():
+    n, seen = 32, []
+    simulate("all_reduce", "ring", n, S, "ethernet-100g", progress=lambda *a: seen.append(a))
+    assert seen, "2 N (N-1) = 1,984 messages take more than 1,024 events"
+    assert all(w == n and 0 <= f <= n for _, f, w in seen)
+    done = [m for m, _, _ in seen]
+    assert done == sorted(done) and 0 < done[-1] <= 2 * n * (n - 1)
+
+
+ARGV = ["--algorithm", "ring,tree", "--world-size", "2,16", "-b", "1K", "-e", "4K"]
+
+
+def test_progress_on_stderr_for_a_long_run_and_none_for_a_short_one(capsys):
+    assert cli.main(ARGV, progress_after=0.0, progress_every=0.0) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert len(lines) >= 8 and "\r" not in err           # not a terminal: plain lines
+    assert lines[0].startswith("collectives.sim: point 1 of 8, all_reduce/ring, 2 ranks, 1K: ")
+    assert any(line.startswith("collectives.sim: point 8 of 8, all_reduce/tree, 16 ranks, 4K: ") for line in lines)
+    assert "messages done" in err and "ranks finished" in err
+    assert "progress" not in out and "point 1" not in out
+    assert cli.main(ARGV) == 0                                      # under 2 s: nothing
+    short_out, short_err = capsys.readouterr()
+    assert short_err == "" and short_out == out
+    assert cli.main(ARGV + ["--quiet"], progress_after=0.0, progress_every=0.0) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_on_a_terminal_progress_is_one_line_rewritten_in_place():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Tty()
+    p = cli.Progress(stream, 2, after=0.0, every=0.0)
+    p.point("all_reduce/ring, 8 ranks, 4K", 8)
+    p.tick(10, 0, 8)
+    p.clear()
+    text = stream.getvalue()
+    assert text.count("\r") == 3 and "\n" not in text and text.endswith("\r\x1b[K")
+    assert "point 1 of 2, all_reduce/ring, 8 ranks, 4K: 10 messages done, 0/8 ranks finished" in text
+    quiet = Tty()
+    cli.Progress(quiet, 2, after=60.0).point("x", 8)            # before `after`: nothing
+    assert quiet.getvalue() == ""
