@@ -4,6 +4,8 @@ functions counted (issue 33, "the house of the exercises")."""
 import ast
 from pathlib import Path
 
+from tests.test_layers import circles
+
 HERE = Path(__file__).resolve().parent.parent / "tutorials" / "exercises"
 PREFIX = "tutorials.exercises."
 
@@ -25,25 +27,6 @@ def graph():
                 found |= {a.name[len(PREFIX):].split(".")[0] for a in node.names if a.name.startswith(PREFIX)}
         g[path.stem] = {m for m in found if m in names and m != path.stem}
     return g
-
-
-def circles(g):
-    state, stack, found = {}, [], []
-
-    def visit(node):
-        state[node] = "open"
-        stack.append(node)
-        for dep in sorted(g.get(node, ())):
-            if state.get(dep) == "open":
-                found.append(stack[stack.index(dep):] + [dep])
-            elif dep not in state:
-                visit(dep)
-        stack.pop()
-        state[node] = "done"
-    for node in sorted(g):
-        if node not in state:
-            visit(node)
-    return found
 
 
 def test_no_import_circle_among_the_graders_modules():

@@ -103,16 +103,16 @@ def test_no_module_imports_a_layer_above_its_own():
     assert not upward, "\n".join(upward)
 
 
-def test_no_import_circle():
-    g = graph()
-    state, stack, circles = {}, [], []
+def circles(g):
+    """The import circles of the graph ``g`` ({module: modules it imports}), each as a path."""
+    state, stack, found = {}, [], []
 
     def visit(node):
         state[node] = "open"
         stack.append(node)
         for dep in sorted(g.get(node, ())):
             if state.get(dep) == "open":
-                circles.append(stack[stack.index(dep):] + [dep])
+                found.append(stack[stack.index(dep):] + [dep])
             elif dep not in state:
                 visit(dep)
         stack.pop()
@@ -120,7 +120,12 @@ def test_no_import_circle():
     for node in sorted(g):
         if node not in state:
             visit(node)
-    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+    return found
+
+
+def test_no_import_circle():
+    found = circles(graph())
+    assert not found, "import circles: " + "; ".join(" -> ".join(c) for c in found)
 
 
 def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):

@@ -43,7 +43,6 @@ tokens, every token to the last expert, skewed):
 3. ``ring_attention``: both, N - 1 rotations, a merge at each block.
 """
 import math
-import os
 import traceback
 
 import torch
@@ -103,10 +102,7 @@ class Pipeline1F1BOrder:
             return True, "pass", (f"PASS {name}: the 1F1B order right for all {cases} (p, s, m) on pipelines of "
                                   f"{', '.join(map(str, stages))} stages.")
         except _routes.BuiltinUsed as exc:
-            frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                      if os.path.abspath(f.filename) == _routes.source_file(source)]
-            line = f"line {frames[-1].lineno} of {os.path.basename(frames[-1].filename)}: " \
-                   f"{(frames[-1].line or '').strip()}" if frames else "in your code"
+            line = _routes.where_called(exc, source) or "in your code"
             return False, "builtin", (f"FAIL {name}: it calls {exc.name} ({line}). The library's schedule is "
                                       f"switched off while grading: write the order yourself. See {self.chapter}.")
         finally:
@@ -597,10 +593,7 @@ class RingAttentionMerge:
                                              f"{traceback.format_exc(limit=-1)}")
             return self.runs(fn, name, shown, world_sizes or ((1, 2, 3, 4) if quick else (1, 2, 3, 5)), quick)
         except _routes.BuiltinUsed as exc:
-            frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                      if os.path.abspath(f.filename) == _routes.source_file(source)]
-            line = f"line {frames[-1].lineno} of {os.path.basename(frames[-1].filename)}: " \
-                   f"{(frames[-1].line or '').strip()}" if frames else "in your code"
+            line = _routes.where_called(exc, source) or "in your code"
             return False, "builtin", (f"FAIL {name}: it calls {exc.name} ({line}). The library's online softmax "
                                       f"is switched off while grading: write the merge yourself. See "
                                       f"{self.chapter}.")

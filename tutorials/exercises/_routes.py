@@ -22,6 +22,7 @@ import inspect
 import os
 import pkgutil
 import sys
+import traceback
 
 # Whole sub-packages, and single modules, whose code a solution must not call.
 PACKAGES = ("collectives.algorithms", "collectives.parallel")
@@ -46,6 +47,16 @@ def source_file(source):
         return os.path.abspath(source)
     spec = importlib.util.find_spec(source)
     return os.path.abspath(spec.origin) if spec and spec.origin else None
+
+
+def where_called(exc, source):
+    """'line N of FILE: code' for the learner's last frame under ``exc`` (the call that took a
+    forbidden route), or None if no frame of the learner's file is on its stack."""
+    mine = source_file(source)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == mine]
+    if not frames:
+        return None
+    return f"line {frames[-1].lineno} of {os.path.basename(frames[-1].filename)}: {(frames[-1].line or '').strip()}"
 
 
 def _modules():

@@ -15,7 +15,6 @@ modules (a door, a flat tensor, a reduction), runs in ``collectives.sim``:
 """
 import importlib
 import importlib.util
-import os
 import traceback
 from pathlib import Path
 
@@ -79,10 +78,7 @@ class SimAllReduce:
                                              f"{traceback.format_exc(limit=-1)}")
             return self._grade(name, fn, shown, quick, world_sizes)
         except _routes.BuiltinUsed as exc:
-            frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                      if os.path.abspath(f.filename) == _routes.source_file(source)]
-            line = f"line {frames[-1].lineno} of {os.path.basename(frames[-1].filename)}: " \
-                   f"{(frames[-1].line or '').strip()}" if frames else "in your code"
+            line = _routes.where_called(exc, source) or "in your code"
             return False, "builtin", (f"FAIL {name}: it calls {exc.name} ({line}). The library's own "
                                       f"algorithms are switched off while grading: build the schedule "
                                       f"from comm.sendrecv, comm.send and comm.recv. See {self.chapter}.")

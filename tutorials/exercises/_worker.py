@@ -15,7 +15,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from tutorials.exercises import _checks, _watch
+from tutorials.exercises import _checks, _routes, _watch
 from tutorials.exercises._routes import BuiltinUsed
 from tutorials.exercises._watch import COUNTERS, ORIGINAL, set_status
 
@@ -51,10 +51,13 @@ def learner_traceback(exc, source):
 
 
 def _where_called(exc, source):
-    """'line N of FILE' for the learner's frame that made the forbidden call."""
+    """'line N of FILE' for the learner's frame that made the forbidden call (else the last frame
+    outside the grader's watch: a helper module of the learner's own)."""
+    said = _routes.where_called(exc, source)
+    if said:
+        return said
     frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(source)]
-    frame = (mine or [f for f in frames if "_watch.py" not in f.filename] or frames)[-1]
+    frame = ([f for f in frames if "_watch.py" not in f.filename] or frames)[-1]
     return f"line {frame.lineno} of {os.path.basename(frame.filename)}: {(frame.line or '').strip()}"
 
 
