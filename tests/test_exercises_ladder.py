@@ -14,6 +14,9 @@ WRONG_CASES = [
     ("pipeline_1f1b_order", "pipeline_1f1b_order_no_warmup", None, "wrong",
      ["FAIL pipeline_1f1b_order: wrong order for stage s = 0 of p = 2, m = 2 micro-batches.",
       "expected F0 F1 B0 B1", "received F0 B0 F1 B1", "w = min(p - s - 1, m) = 1 warm-up forwards"]),
+    ("pipeline_1f1b_order", "pipeline_1f1b_order_past_the_end", None, "crash",   # an error is a verdict too
+     ["FAIL pipeline_1f1b_order: it raised for stage s = 0 of p = 3, m = 1 micro-batch", "IndexError",
+      'pipeline_1f1b_order_past_the_end.py", line 9']),
     ("pipeline_1f1b_forward", "pipeline_1f1b_forward_sends_input", (3,), "wrong",
      ["wrong result with 3 ranks", "stage 2: forward(0, ...) was given micro-batch 0's input to the previous "
       "stage, not its output", "send on the y that stage.forward returns"]),
@@ -83,3 +86,11 @@ def test_step_on_the_command_line(capsys):
     at = next(i for i, line in enumerate(lines) if line.startswith("pipeline_1f1b "))
     assert lines[at + 1].split()[:6] == ["--step", "1", "16", "*..", "15", "min"] and "pipeline_1f1b_order:" in lines[at + 1]
     assert lines[at + 2].split()[:3] == ["--step", "2", "16"] and "pipeline_1f1b_forward:" in lines[at + 2]
+
+
+@pytest.mark.parametrize("exercise", sorted(LADDERS))
+def test_a_long_exercise_names_its_steps(exercise):
+    """A learner who opens the long exercise first finds the smaller steps that climb to it."""
+    text = (HERE / f"{exercise}.py").read_text()
+    for k, step in enumerate(LADDERS[exercise][:-1], start=1):
+        assert f"``--step {k}``" in text and f"({step}.py)" in text, f"{exercise}.py does not name step {k}"

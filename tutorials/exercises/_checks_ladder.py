@@ -87,6 +87,12 @@ class Pipeline1F1BOrder:
                             return False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises "
                                                          f"NotImplementedError. Write its body, then grade it "
                                                          f"again.")
+                        except _routes.BuiltinUsed:
+                            raise
+                        except Exception as exc:     # the learner's error is a verdict, not the grader's
+                            return False, "crash", (f"FAIL {name}: it raised for stage s = {s} of p = {p}, "
+                                                    f"m = {m} micro-batch{'es' if m != 1 else ''}:\n"
+                                                    f"{_common.learner_traceback(exc, source).rstrip()}")
                         got = [tuple(op) for op in got] if isinstance(got, (list, tuple)) else got
                         cases += 1
                         if got != want:

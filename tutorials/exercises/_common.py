@@ -5,6 +5,8 @@ This module imports no other module of the grader; the checks (one file per fami
 exercises) import it, and the registry ``_checks.CHECKS`` imports the checks.
 """
 import math
+import os
+import traceback
 import weakref
 
 import torch
@@ -298,3 +300,18 @@ class Need:
         self.sent_bytes, self.sent_messages, self.recv_messages = sent_bytes, sent_messages, recv_messages
         self.min_bytes = min_bytes
         self.ideal, self.algorithm, self.chapter = ideal, algorithm, chapter
+
+
+def learner_traceback(exc, source):
+    """The traceback from the first frame outside the grader (the learner's code and below)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    start = len(frames)     # all the grader's own (a SyntaxError names its line below): show none
+    for i, frame in enumerate(frames):
+        path = os.path.abspath(frame.filename)
+        if not (os.path.dirname(path) == here and os.path.basename(path).startswith("_")):
+            start = i
+            break
+    lines = (["Traceback (most recent call last):\n"] + traceback.format_list(frames[start:])) if start < len(frames) else []
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from tutorials.exercises import _checks, _routes, _watch
+from tutorials.exercises._common import learner_traceback
 from tutorials.exercises._routes import BuiltinUsed
 from tutorials.exercises._watch import COUNTERS, ORIGINAL, set_status
 
@@ -33,21 +34,6 @@ def load(source, name):
     if not callable(fn):
         raise LookupError(f"{source} defines no function named {name}")
     return fn
-
-
-def learner_traceback(exc, source):
-    """The traceback from the first frame outside the grader (the learner's code and below)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
-    here = os.path.dirname(os.path.abspath(__file__))
-    start = len(frames)     # all the grader's own (a SyntaxError names its line below): show none
-    for i, frame in enumerate(frames):
-        path = os.path.abspath(frame.filename)
-        if not (os.path.dirname(path) == here and os.path.basename(path).startswith("_")):
-            start = i
-            break
-    lines = (["Traceback (most recent call last):\n"] + traceback.format_list(frames[start:])) if start < len(frames) else []
-    lines += traceback.format_exception_only(type(exc), exc)
-    return "".join(lines)
 
 
 def _where_called(exc, source):

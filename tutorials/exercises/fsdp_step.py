@@ -29,6 +29,10 @@ tutorials.exercises.all_gather import all_gather``; the same for reduce_scatter)
 Traffic to reach: per layer two all-gathers and one reduce-scatter: 3(N-1)/N x S bytes
 per rank, S the bytes of all (padded) parameters.
 
+Steps, each graded on its own: ``--step 1``, one layer's pieces gathered, the padding cut
+off, viewed as its tensors (fsdp_step_gather.py); ``--step 2``, this rank's piece of the
+averaged gradients (fsdp_step_reduce_scatter.py); ``--step 3``, this exercise.
+
 Grade it:  python -m tutorials.exercises.grade fsdp_step
 """
 import torch  # noqa: F401  (imports your solution will need)

@@ -62,6 +62,7 @@ import time
 import types
 from pathlib import Path
 
+import torch.distributed
 import torch.multiprocessing as mp
 
 from collectives.tools import launch
@@ -579,7 +580,11 @@ def _wrong_text(name, world, check, cases, index):
             for line in reports[r][0].get("changed", []):
                 groups.setdefault(line, []).append(r)
         lines += [f"  {_ranks(ranks)}: {line}" for line, ranks in groups.items()]
-        lines.append(f"The caller's tensors must stay as they were: torch's {name} leaves them unchanged, and "
+        # torch's own collectives promise it; the parallelism exercises and the ladders' steps are
+        # not torch functions, and their callers rely on the same
+        who = f"torch's {name} leaves them unchanged" if hasattr(torch.distributed, name) else \
+            f"{name} is only to read them"
+        lines.append(f"The caller's tensors must stay as they were: {who}, and "
                      f"callers rely on it (they reuse them, or they are gradients). Work on copies where you "
                      f"keep running values, e.g. partial = [t.clone() for t in input_list]. See {check.chapter}.")
         return "\n".join(lines)

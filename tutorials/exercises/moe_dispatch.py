@@ -22,6 +22,10 @@ The piece for this rank itself needs no message: keep it.
 Traffic to reach: per rank, N-1 messages of 8 bytes (the counts) and each of its tokens
 sent once, to its expert's rank only (no padding to a fixed capacity): at most 2(N-1) messages.
 
+Steps, each graded on its own: ``--step 1``, the counts per expert, exchanged
+(moe_dispatch_counts.py); ``--step 2``, the tokens in uneven pieces, the counts given
+(moe_dispatch_tokens.py); ``--step 3``, this exercise.
+
 Grade it:  python -m tutorials.exercises.grade moe_dispatch
 """
 import torch  # noqa: F401  (imports your solution will need)

@@ -19,6 +19,10 @@ as in the send_recv_ring exercise), N-1 moves in all. At the end, ``o / l``.
 Traffic to reach: per rank, N-1 key chunks and N-1 value chunks, 2(N-1) x S/N x d x 8 bytes
 (float64) in at most 2(N-1) messages: the queries never move.
 
+Steps, each graded on its own: ``--step 1``, one turn of the keys and values around the
+ring (ring_attention_rotate.py); ``--step 2``, one block folded into the online softmax's state
+(ring_attention_merge.py); ``--step 3``, this exercise.
+
 Grade it:  python -m tutorials.exercises.grade ring_attention
 """
 import torch  # noqa: F401  (imports your solution will need)
