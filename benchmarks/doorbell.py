@@ -107,6 +107,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks.flags import positive, whole, whole_list
+
 MECHANISMS = ("fifo", "fifo_one_read", "pipe", "eventfd", "socket", "futex")
 BASELINE = "fifo"
 SLICE = 0.05                   # seconds a waiter sleeps before it checks its peer and deadline
@@ -570,28 +572,6 @@ def _mechanism_list(text):
     return list(dict.fromkeys(names))
 
 
-def _whole_list(text):
-    try:
-        values = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"whole numbers of 1 or more expected, e.g. 1,2; got {text!r}")
-    return values
-
-
-def _whole(low):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"a whole number of {low} or more expected, got {text!r}")
-        return value
-    return parse
-
-
 def _drop(text):
     try:
         m, it = text.split(":")
@@ -608,22 +588,15 @@ def _seconds_or_none(text):
     return 0.0 if str(text).strip() in ("0", "0.0") else _seconds(text)
 
 
-def _seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"a number of seconds above 0 expected, got {text!r}")
-    return value
+_seconds = positive("a number of seconds")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.doorbell", description=__doc__.split("\n")[0])
-    p.add_argument("-n", "--iters", type=_whole(1), default=1000,
+    p.add_argument("-n", "--iters", type=whole(1), default=1000,
                    help="timed round trips per mechanism and pair (default 1000)")
-    p.add_argument("-w", "--warmup-iters", type=_whole(0), default=50, help="untimed round trips first (default 50)")
-    p.add_argument("--pairs", type=_whole_list, default="1",
+    p.add_argument("-w", "--warmup-iters", type=whole(0), default=50, help="untimed round trips first (default 50)")
+    p.add_argument("--pairs", type=whole_list(1), default="1",
                    help="pairs of processes at once; several run in turn (1,2: 2 then 4 processes; default 1)")
     p.add_argument("--mechanisms", type=_mechanism_list, default=",".join(MECHANISMS),
                    help=f"comma-separated (default {','.join(MECHANISMS)}); fifo, the baseline, is always run")
