@@ -6,16 +6,16 @@ import math
 import torch
 import torch.nn as nn
 
-from tutorials.exercises._common import (TAGGED_VALUES, Allocations, LARGE, Need, bits, cancel_case, cancel_input, compare,
-                                         compare_rounded, log2_ceil, name_of, pattern, reduce_input, reduced_values, show,
-                                         storage_numel, tagged_input, tensor_cases, tensor_label, untouched)
+from tutorials.exercises._common import (Allocations, LARGE, Need, bits, cancel_input, compare,
+                                         compare_rounded, log2_ceil, name_of, pattern, reduce_input,
+                                         reduced_values, reduction_cases, show, storage_numel, tagged_input,
+                                         tagged_values, tensor_cases, tensor_label, untouched)
 
 
 class SendRecvRing:
     chapter = "chapter 2 (tutorials/02_point_to_point.md)"
 
-    def values(self, case):
-        return TAGGED_VALUES
+    values = staticmethod(tagged_values)
 
     def cases(self, n, quick):
         return tensor_cases(n, quick)
@@ -41,8 +41,7 @@ class SendRecvRing:
 class Broadcast:
     chapter = "chapter 5 (tutorials/05_algorithms.md)"
 
-    def values(self, case):
-        return TAGGED_VALUES
+    values = staticmethod(tagged_values)
 
     def cases(self, n, quick):
         return tensor_cases(n, quick, with_root=True)
@@ -69,8 +68,7 @@ class Broadcast:
 class Reduce:
     chapter = "chapter 5 (tutorials/05_algorithms.md)"
 
-    def values(self, case):
-        return reduced_values(case)
+    values = staticmethod(reduced_values)
 
     def cases(self, n, quick):
         return tensor_cases(n, quick, with_root=True)
@@ -102,8 +100,7 @@ class Reduce:
 class AllGather:
     chapter = "chapter 3 (tutorials/03_collectives.md) and chapter 4 (tutorials/04_ring_allreduce.md)"
 
-    def values(self, case):
-        return TAGGED_VALUES
+    values = staticmethod(tagged_values)
 
     def cases(self, n, quick):
         return tensor_cases(n, quick)
@@ -132,12 +129,10 @@ class AllGather:
 class ReduceScatter:
     chapter = "chapter 4 (tutorials/04_ring_allreduce.md)"
 
-    def values(self, case):
-        return reduced_values(case)
+    values = staticmethod(reduced_values)
 
     def cases(self, n, quick):
-        cases = tensor_cases(n, quick)
-        return cases + [cancel_case(len(cases))]
+        return reduction_cases(n, quick)
 
     def label(self, case):
         return f"input_list of {{n}} x {tensor_label(case)}"
@@ -174,12 +169,10 @@ class ReduceScatter:
 class AllReduce:
     chapter = "chapter 4 (tutorials/04_ring_allreduce.md)"
 
-    def values(self, case):
-        return reduced_values(case)
+    values = staticmethod(reduced_values)
 
     def cases(self, n, quick):
-        cases = tensor_cases(n, quick)
-        return cases + [cancel_case(len(cases))]
+        return reduction_cases(n, quick)
 
     def label(self, case):
         return tensor_label(case)

@@ -45,6 +45,11 @@ def reduced_values(case):
     return CANCEL_VALUES if case.get("cancel") else REDUCED_VALUES
 
 
+def tagged_values(case):
+    """What the test values of a collective that moves tensors (:func:`tagged_input`) encode."""
+    return TAGGED_VALUES
+
+
 def cancel_input(rank, numel, salt=0):
     """float32 values where the order of summation changes the result.
 
@@ -227,6 +232,13 @@ def tensor_cases(n, quick, with_root=False):
     for salt, case in enumerate(cases):
         case["salt"] = salt
     return cases
+
+
+def reduction_cases(n, quick):
+    """A reduction's cases: :func:`tensor_cases` and the float32 case where the order of additions
+    matters (:func:`cancel_input`)."""
+    cases = tensor_cases(n, quick)
+    return cases + [cancel_case(len(cases))]
 
 
 def tensor_label(case, root_name=None):
