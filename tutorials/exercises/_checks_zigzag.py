@@ -17,7 +17,6 @@ import math
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
