@@ -435,11 +435,11 @@ def test_html_draws_the_learners_run_beside_the_reference(tmp_path):
                  "--html", str(page)])
     assert code == 1 and page.exists() and "reference" in page.read_text()
     from collectives import viz
-    from tutorials.exercises import _sim
-    _, data = viz.side_by_side("all_reduce", _sim.load("sim_all_reduce", str(WRONG / "sim_all_reduce_blocking.py")),
+    from tutorials.exercises._common import load
+    _, data = viz.side_by_side("all_reduce", load("sim_all_reduce", str(WRONG / "sim_all_reduce_blocking.py")),
                                4, tmp_path / "again.html")
     assert data.get("failure")
-    _, data = viz.side_by_side("all_reduce", _sim.load("sim_all_reduce", str(SOLUTIONS / "sim_all_reduce.py")),
+    _, data = viz.side_by_side("all_reduce", load("sim_all_reduce", str(SOLUTIONS / "sim_all_reduce.py")),
                                4, tmp_path / "right.html")
     assert not data.get("failure") and not data.get("wrong")
     with pytest.raises(SystemExit):

@@ -396,9 +396,7 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
         TimeoutError: the world did not finish within ``timeout``; the message holds each
             unfinished rank's stacks (faulthandler, asked for with SIGUSR2).
     """
-    # 0 or -1 ranks returned [] as if a world had run; a float or bool is a caller's mistake.
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a whole number of at least 1, got {world_size!r}")
+    _check_world_size(world_size)
     spec = lab_spec(lab)
     if spec is None:
         return _start(fn, world_size, args, env, timeout, start_method, preload, None)
@@ -409,6 +407,12 @@ def start_world(fn, world_size, *args, env=None, timeout=None, start_method="spa
         raise SetupError(f"--lab: {exc}") from None
     with lab_tools.Lab(spec) as built:
         return _start(fn, world_size, args, env, timeout, start_method, preload, (built, layout))
+
+
+def _check_world_size(world_size):
+    # 0 or -1 ranks returned [] as if a world had run; a float or bool is a caller's mistake.
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number of at least 1, got {world_size!r}")
 
 
 @contextlib.contextmanager
@@ -434,8 +438,7 @@ def started(fn, world_size, *args, env=None, start_method="spawn", preload=()):
         >>> with started(worker, 2, queue, start_method="forkserver") as (procs, endings):
         ...     first = queue.get(timeout=60)     # the ranks report on a queue of the caller's
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a whole number of at least 1, got {world_size!r}")
+    _check_world_size(world_size)
     with _started(fn, world_size, args, env, start_method, preload, None) as (procs, endings, _stacks_dir):
         yield procs, endings
 

@@ -66,53 +66,46 @@ class Pipeline1F1BOrder:
     def grade(self, name, source, shown, quick=False, world_sizes=None):
         """(passed, reason, text)."""
         from collectives.parallel.pipeline import one_f_one_b
-        from tutorials.exercises import _sim
 
-        restore = _routes.switch_off(source)     # the library's one_f_one_b is the answer: off
-        try:
-            try:
-                fn = _sim.load(name, source)
-            except Exception:
-                return False, "load_error", (f"FAIL {name}: {shown} does not load:\n"
-                                             f"{traceback.format_exc(limit=-1)}")
-            stages = world_sizes or ((1, 2, 3, 4) if quick else (1, 2, 3, 4, 5))
-            cases = 0
-            for p in stages:
-                for m in sorted({1, max(p - 1, 1), p, 2 * p + 1}):
-                    for s in range(p):
-                        want = one_f_one_b(p, m, s)
-                        try:
-                            got = fn(p, s, m)
-                        except NotImplementedError:
-                            return False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises "
-                                                         f"NotImplementedError. Write its body, then grade it "
-                                                         f"again.")
-                        except _routes.BuiltinUsed:
-                            raise
-                        except Exception as exc:     # the learner's error is a verdict, not the grader's
-                            return False, "crash", (f"FAIL {name}: it raised for stage s = {s} of p = {p}, "
-                                                    f"m = {m} micro-batch{'es' if m != 1 else ''}:\n"
-                                                    f"{_common.learner_traceback(exc, source).rstrip()}")
-                        got = [tuple(op) for op in got] if isinstance(got, (list, tuple)) else got
-                        cases += 1
-                        if got != want:
-                            shown_got = _ops(got) if isinstance(got, list) and all(
-                                isinstance(op, tuple) and len(op) == 2 for op in got) else repr(got)
-                            warmup = min(p - s - 1, m)
-                            return False, "wrong", (
-                                f"FAIL {name}: wrong order for stage s = {s} of p = {p}, m = {m} micro-batches.\n"
-                                f"  expected {_ops(want)}\n  received {shown_got}\n"
-                                f"1F1B on stage s: w = min(p - s - 1, m) = {warmup} warm-up forwards, then "
-                                f"one forward and one backward in turn, then the last w backwards; as a list "
-                                f"of (\"F\", i) and (\"B\", i). See {self.chapter}.")
-            return True, "pass", (f"PASS {name}: the 1F1B order right for all {cases} (p, s, m) on pipelines of "
-                                  f"{', '.join(map(str, stages))} stages.")
-        except _routes.BuiltinUsed as exc:
-            line = _routes.where_called(exc, source) or "in your code"
-            return False, "builtin", (f"FAIL {name}: it calls {exc.name} ({line}). The library's schedule is "
-                                      f"switched off while grading: write the order yourself. See {self.chapter}.")
-        finally:
-            restore()
+        # the library's one_f_one_b is the answer: off while the learner's function runs
+        return _common.graded_here(
+            name, source, shown, lambda fn: self.orders(fn, name, shown, source, one_f_one_b, quick, world_sizes),
+            "The library's schedule is switched off while grading: write the order yourself.", self.chapter)
+
+    def orders(self, fn, name, shown, source, one_f_one_b, quick, world_sizes):
+        """(passed, reason, text) of ``fn`` against 1F1B's order on every (p, s, m) graded."""
+        stages = world_sizes or ((1, 2, 3, 4) if quick else (1, 2, 3, 4, 5))
+        cases = 0
+        for p in stages:
+            for m in sorted({1, max(p - 1, 1), p, 2 * p + 1}):
+                for s in range(p):
+                    want = one_f_one_b(p, m, s)
+                    try:
+                        got = fn(p, s, m)
+                    except NotImplementedError:
+                        return False, "not_written", (f"NOT WRITTEN {name}: {shown} still raises "
+                                                     f"NotImplementedError. Write its body, then grade it "
+                                                     f"again.")
+                    except _routes.BuiltinUsed:
+                        raise
+                    except Exception as exc:     # the learner's error is a verdict, not the grader's
+                        return False, "crash", (f"FAIL {name}: it raised for stage s = {s} of p = {p}, "
+                                                f"m = {m} micro-batch{'es' if m != 1 else ''}:\n"
+                                                f"{_common.learner_traceback(exc, source).rstrip()}")
+                    got = [tuple(op) for op in got] if isinstance(got, (list, tuple)) else got
+                    cases += 1
+                    if got != want:
+                        shown_got = _ops(got) if isinstance(got, list) and all(
+                            isinstance(op, tuple) and len(op) == 2 for op in got) else repr(got)
+                        warmup = min(p - s - 1, m)
+                        return False, "wrong", (
+                            f"FAIL {name}: wrong order for stage s = {s} of p = {p}, m = {m} micro-batches.\n"
+                            f"  expected {_ops(want)}\n  received {shown_got}\n"
+                            f"1F1B on stage s: w = min(p - s - 1, m) = {warmup} warm-up forwards, then "
+                            f"one forward and one backward in turn, then the last w backwards; as a list "
+                            f"of (\"F\", i) and (\"B\", i). See {self.chapter}.")
+        return True, "pass", (f"PASS {name}: the 1F1B order right for all {cases} (p, s, m) on pipelines of "
+                              f"{', '.join(map(str, stages))} stages.")
 
 
 class Pipeline1F1BForward:
@@ -588,23 +581,12 @@ class RingAttentionMerge:
 
     def grade(self, name, source, shown, quick=False, world_sizes=None):
         """(passed, reason, text)."""
-        from tutorials.exercises import _sim
-
-        restore = _routes.switch_off(source)     # the library's online softmax is the answer: off
-        try:
-            try:
-                fn = _sim.load(name, source)
-            except Exception:
-                return False, "load_error", (f"FAIL {name}: {shown} does not load:\n"
-                                             f"{traceback.format_exc(limit=-1)}")
-            return self.runs(fn, name, shown, world_sizes or ((1, 2, 3, 4) if quick else (1, 2, 3, 5)), quick)
-        except _routes.BuiltinUsed as exc:
-            line = _routes.where_called(exc, source) or "in your code"
-            return False, "builtin", (f"FAIL {name}: it calls {exc.name} ({line}). The library's online softmax "
-                                      f"is switched off while grading: write the merge yourself. See "
-                                      f"{self.chapter}.")
-        finally:
-            restore()
+        counts = world_sizes or ((1, 2, 3, 4) if quick else (1, 2, 3, 5))
+        # the library's online softmax is the answer: off while the learner's function runs
+        return _common.graded_here(
+            name, source, shown, lambda fn: self.runs(fn, name, shown, counts, quick),
+            "The library's online softmax is switched off while grading: write the merge yourself.",
+            self.chapter)
 
     def runs(self, fn, name, shown, counts, quick):
         """(passed, reason, text) over runs of ``counts`` blocks: the first merge that cannot be compared

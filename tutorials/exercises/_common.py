@@ -4,14 +4,19 @@ say what went wrong, the rules on traffic (:class:`Need`) and memory (:class:`Al
 This module imports no other module of the grader; the checks (one file per family of
 exercises) import it, and the registry ``_checks.CHECKS`` imports the checks.
 """
+import importlib
+import importlib.util
 import math
 import os
+import sys
 import traceback
 import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
+
+from tutorials.exercises import _routes
 
 LARGE = 33600            # divisible by 1..8, so the ideal traffic is a whole number of elements
 FULL_DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16)
@@ -327,3 +332,39 @@ def learner_traceback(exc, source):
     lines = (["Traceback (most recent call last):\n"] + traceback.format_list(frames[start:])) if start < len(frames) else []
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines)
+
+
+def load(name, source):
+    """The learner's function ``name``: ``source`` is a file path or a module name."""
+    if source.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"_graded_{name}", source)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(source)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise LookupError(f"{source} defines no function named {name}")
+    return fn
+
+
+def graded_here(name, source, shown, grade, off, chapter):
+    """(passed, reason, text) of ``grade(fn)`` for a check run in the grader's own process (a pure
+    function, or one run in the simulator): the learner's ``fn`` loaded and run with the library's
+    routes switched off (before it loads too, so that ``from ... import x`` gets the switched-off
+    one). A file that does not load, or a call down a route, is the verdict; ``off`` says what was
+    switched off and what to do instead."""
+    restore = _routes.switch_off(source)
+    try:
+        try:
+            fn = load(name, source)
+        except Exception:
+            return False, "load_error", (f"FAIL {name}: {shown} does not load:\n"
+                                         f"{traceback.format_exc(limit=-1)}")
+        return grade(fn)
+    except _routes.BuiltinUsed as exc:
+        line = _routes.where_called(exc, source) or "in your code"
+        return False, "builtin", f"FAIL {name}: it calls {exc.name} ({line}). {off} See {chapter}."
+    finally:
+        restore()

@@ -13,15 +13,12 @@ modules (a door, a flat tensor, a reduction), runs in ``collectives.sim``:
    alpha-beta-gamma formula, which the test suite holds equal to the simulator on a
    flat switch (tests/test_sim.py), so only the learner's schedule is simulated.
 """
-import importlib
-import importlib.util
 import traceback
-from pathlib import Path
 
 import torch
 from torch.distributed import ReduceOp
 
-from tutorials.exercises import _routes
+from tutorials.exercises import _common, _routes
 
 FULL_WORLDS = (1, 2, 3, 4, 5, 8, 13, 33)
 QUICK_WORLDS = (1, 2, 3, 5)
@@ -32,17 +29,6 @@ TOPOLOGY = "ethernet-100g"
 FRACTION = 0.9
 # SUM alone cannot tell op.combine from a hard-coded add_: MAX can
 OPS = {ReduceOp.SUM: "the sum", ReduceOp.MAX: "the maximum"}
-
-
-def load(name, source):
-    """The learner's function from a .py path or a module name."""
-    if source.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(f"_sim_solution_{Path(source).stem}", source)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(source)
-    return getattr(module, name)
 
 
 def _first_off_max(outputs, n, e):
@@ -67,23 +53,11 @@ class SimAllReduce:
 
     def grade(self, name, source, shown, quick=False, world_sizes=None):
         """(passed, reason, text)."""
-        # the library's own algorithms are a free route to the right schedule: off while fn runs,
-        # and before it loads, so that `from ... import all_reduce` gets the switched-off one
-        restore = _routes.switch_off(source)
-        try:
-            try:
-                fn = load(name, source)
-            except Exception:
-                return False, "load_error", (f"FAIL {name}: {shown} does not load:\n"
-                                             f"{traceback.format_exc(limit=-1)}")
-            return self._grade(name, fn, shown, quick, world_sizes)
-        except _routes.BuiltinUsed as exc:
-            line = _routes.where_called(exc, source) or "in your code"
-            return False, "builtin", (f"FAIL {name}: it calls {exc.name} ({line}). The library's own "
-                                      f"algorithms are switched off while grading: build the schedule "
-                                      f"from comm.sendrecv, comm.send and comm.recv. See {self.chapter}.")
-        finally:
-            restore()
+        # the library's own algorithms are a free route to the right schedule
+        return _common.graded_here(
+            name, source, shown, lambda fn: self._grade(name, fn, shown, quick, world_sizes),
+            "The library's own algorithms are switched off while grading: build the schedule from "
+            "comm.sendrecv, comm.send and comm.recv.", self.chapter)
 
     def _grade(self, name, fn, shown, quick, world_sizes):
         from collectives import sim

@@ -6,34 +6,16 @@ runs every case of the exercise (the registry, ``_checks.CHECKS``) and puts one 
 on the results queue.
 """
 import datetime
-import importlib
-import importlib.util
 import os
-import sys
 import traceback
 
 import torch
 import torch.distributed as dist
 
 from tutorials.exercises import _checks, _routes, _watch
-from tutorials.exercises._common import learner_traceback
+from tutorials.exercises._common import learner_traceback, load
 from tutorials.exercises._routes import BuiltinUsed
 from tutorials.exercises._watch import COUNTERS, ORIGINAL, set_status
-
-
-def load(source, name):
-    """The learner's function: ``source`` is a file path or a module name."""
-    if source.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(f"_graded_{name}", source)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(source)
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise LookupError(f"{source} defines no function named {name}")
-    return fn
 
 
 def _where_called(exc, source):
@@ -59,7 +41,7 @@ def worker(name, source, quick, status, progress, log, results):
                             timeout=datetime.timedelta(seconds=600))
     _watch.patch(source)
     try:
-        fn = load(source, name)
+        fn = load(name, source)
     except BaseException as exc:
         results.put((rank, "load_error", None, learner_traceback(exc, source)))
         return

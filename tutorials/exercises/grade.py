@@ -197,7 +197,7 @@ class World:
         self.stop = None         # None (finished), or (kind, rank, index, payload)
         self.others = {}         # rank -> (kind, payload) of ranks that failed after the first
         self.statuses = None     # where each rank was, for a deadlock
-        self.logs = None         # each rank's latest messages (_watch.log_message), read with the statuses
+        self.logs = None         # each rank's latest messages (_watch.log_message), where a rank failed
 
 
 def run_world(name, source, n, quick, hang_seconds):
@@ -256,15 +256,15 @@ def _watch_world(name, n, procs, endings, results, status, progress, log, hang_s
                 statuses = [_status_of(status, r) for r in range(n)]
                 if _all_blocked(statuses, name):
                     world.stop = ("deadlock", None, len(_complete(world)), min(hang_seconds, WAIT_SECONDS))
-                    world.statuses, world.logs = statuses, _where(status, log, n)[1]
+                    world.statuses = statuses
                     break
             if len(ready) == n and quiet > hang_seconds:
                 world.stop = ("deadlock", None, len(_complete(world)), hang_seconds)
-                world.statuses, world.logs = _where(status, log, n)
+                world.statuses = [_status_of(status, r) for r in range(n)]
                 break
             if len(ready) == n and now - started > START_SECONDS + WORLD_SECONDS:
                 world.stop = ("slow", None, len(_complete(world)), WORLD_SECONDS)
-                world.statuses, world.logs = _where(status, log, n)
+                world.statuses = [_status_of(status, r) for r in range(n)]
                 break
             if len(ready) < n and now - started > START_SECONDS:
                 world.stop = ("died", None, None, f"the world of {n} did not start in {START_SECONDS} s")
@@ -303,7 +303,7 @@ def _all_blocked(statuses, name):
 
 
 def _where(status, log, n):
-    """Where each rank is, and each rank's log of its latest messages."""
+    """Where each rank is, and each rank's log of its latest messages (for a short receive)."""
     return [_status_of(status, r) for r in range(n)], [_log_of(log, r) for r in range(n)]
 
 
@@ -1036,10 +1036,10 @@ def draw(name, solution, path, world_size=4):
     """Draw the learner's run beside the reference's (``collectives.viz.side_by_side``) in ``path``;
     return what to print: where the page is, and what it shows went wrong."""
     from collectives import viz
-    from tutorials.exercises import _sim
+    from tutorials.exercises._common import load
 
     source, shown, tmp = resolve(name, solution)
-    fn = _sim.load(name, source)
+    fn = load(name, source)
     written, data = viz.side_by_side(HTML_COLLECTIVE[name], fn, world_size, path)
     lines = [f"Drawn: {written} ({shown} on {world_size} ranks, beside the reference)."]
     if data.get("failure"):
