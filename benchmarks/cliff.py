@@ -20,9 +20,9 @@ same processes: ``as torch made them`` (``SCHED_OTHER``), ``batch``
 lowest priority), in rotating order, so all see the same load from the rest of
 the machine. Per size, policy and candidate it prints the median time per call,
 the share of calls slower than 2 ms (a stall: the tick here is 4 ms), and the
-CPU per call of the socket threads and of the calling thread, from
-``/proc/self/task/*/schedstat`` (nanoseconds on the CPU; a spinning socket
-thread shows up there, whatever the wall clock says). Candidates:
+CPU per call of the socket threads and of the calling thread, from each
+thread's CPU-time clock (nanoseconds on the CPU; a spinning socket thread shows
+up there, whatever the wall clock says). Candidates:
 
 * ``1 exchange, torch``: ``dist.irecv`` + ``dist.isend`` of S with the
   neighbours, no collectives code at all;
@@ -65,14 +65,22 @@ def _threads():
     return out
 
 
+def _thread_clock(tid):
+    """Linux's CPU-time clock of thread ``tid`` of this process (what
+    ``pthread_getcpuclockid`` returns: CPUCLOCK_SCHED with the per-thread bit)."""
+    return ((~tid) << 3) | 6
+
+
 def _on_cpu_ns(tids):
-    """Nanoseconds the threads ``tids`` have run, summed (schedstat's first field)."""
+    """Nanoseconds the threads ``tids`` have run, summed. Read from each
+    thread's CPU clock, which counts the slice it is running now; schedstat's
+    first field moves only at a tick or a switch, so a caller spinning through a
+    short run read 0 there."""
     total = 0
     for tid in tids:
         try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except OSError:
+            total += time.clock_gettime_ns(_thread_clock(tid))
+        except OSError:         # the thread has ended
             continue
     return total
 
@@ -173,7 +181,7 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "cliff"))
     args = p.parse_args(argv)
     if not (hasattr(os, "SCHED_BATCH") and os.path.isdir("/proc/self/task")):
-        p.error("SCHED_BATCH and /proc/self/task/*/schedstat are Linux's")
+        p.error("SCHED_BATCH, /proc/self/task and per-thread CPU clocks are Linux's")
     common.finish_parsing(p, args)
     meta = common.machine_info("python -m benchmarks.cliff", args)
     results = common.run_worlds(_worker, args)

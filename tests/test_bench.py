@@ -10,6 +10,7 @@ import json
 import math
 import os
 import pathlib
+import threading
 import time
 
 import pytest
@@ -366,6 +367,22 @@ def test_ddp_backend_prints_a_ratio_per_world_size(capfd, monkeypatch):
     rows = [line.split() for line in capfd.readouterr().out.splitlines() if not line.startswith("#")]
     assert len(rows) == 1 and rows[0][:2] == ["2", "4"], rows
     assert all(float(x) > 0 for x in rows[0][2:])
+
+
+def test_cliff_counts_a_short_spin_of_the_running_thread():
+    """benchmarks.cliff reads a thread's CPU to the nanosecond, the slice it is running now
+    included: schedstat's first field moves only at a tick or a switch, so a caller that spun
+    through a short run without yielding read 0 on CI."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("per-thread CPU clocks are read the Linux way")
+    from benchmarks import cliff
+    me = [threading.get_native_id()]
+    for _ in range(20):
+        before = cliff._on_cpu_ns(me)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 200e-6:
+            pass
+        assert cliff._on_cpu_ns(me) - before >= 100_000
 
 
 def test_cliff_times_each_candidate_under_both_policies(tmp_path, capfd):
