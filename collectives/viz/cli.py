@@ -8,11 +8,14 @@ Usage::
     python -m collectives.viz fsdp -n 4 -o fsdp.html       # also moe, ring_attention
     python -m collectives.viz --all -n 2,5,8 -o pages/      # every algorithm at each N
     python -m collectives.viz all_reduce ring -n 4 --real  # a real run: 4 gloo processes, measured time
+    python -m collectives.viz all_reduce --function mine.py:all_reduce -n 4 --real   # yours, for real
 
 Exit status (as ``python -m collectives.sim``'s): 0; 1 for a wrong result and 3 for a deadlock,
 each drawn (the page is the report; its path and the finding are printed); 2 for bad input (an
 unknown algorithm, N < 1, a run too large to draw), said in one line and nothing written. A
-``--real`` run whose world hangs (killed at its timeout) or whose rank fails exits 1, nothing written.
+``--real`` run whose ranks wait at the door for ``--hang-seconds`` is drawn as a deadlock (3: the
+wait-for cycle of the messages each rank waited for); one whose rank fails otherwise, or whose
+world is killed at its timeout, exits 1 with the launcher's verdict, nothing written.
 """
 import argparse
 import sys
@@ -35,8 +38,11 @@ def parser():
     p.add_argument("--root", type=int, default=0)
     p.add_argument("--micro-batches", type=int, default=8, help="pipeline: micro-batches (default 8)")
     p.add_argument("--real", action="store_true",
-                   help="run a registered algorithm in real processes (gloo, one host, N <= 15) instead of the "
-                        "simulator: the page's messages and times are measured")
+                   help="run the algorithm (registered, or yours with --function) in real processes (gloo, one "
+                        "host, N <= 15) instead of the simulator: the page's messages and times are measured")
+    p.add_argument("--hang-seconds", type=float, default=record.REAL_HANG,
+                   help=f"--real: seconds a rank waits for one message before the run is drawn as hung "
+                        f"(default {record.REAL_HANG:g})")
     p.add_argument("--all", action="store_true", help="every algorithm of every collective at each --world-size")
     return p
 
@@ -52,13 +58,11 @@ def build(args, n):
         raise ValueError(f"unknown collective {args.what!r}; known: {', '.join(REGISTRY)}, pipeline, "
                          f"{', '.join(schedules.PARALLELISMS)}")
     algorithm = args.algorithm or next(iter(REGISTRY[args.what]))
-    if args.real:
-        if args.function:
-            raise ValueError("--real runs registered algorithms only; --function draws yours on the simulator")
-        return model.build(record.record_real(args.what, algorithm, n, args.root))
     if args.function:
         from ..sim.cli import load_function
         algorithm = load_function(args.function, args.what)
+    if args.real:
+        return model.build(record.record_real(args.what, algorithm, n, args.root, hang=args.hang_seconds))
     return model.build(record.record(args.what, algorithm, n, args.topology, args.root))
 
 
@@ -106,7 +110,7 @@ def main(argv=None):
     except (ValueError, record.TooLarge) as exc:
         print(f"collectives.viz: {exc}", file=sys.stderr)
         return 2
-    except (TimeoutError, RuntimeError) as exc:     # a real run that hung or whose rank failed
+    except (TimeoutError, RuntimeError) as exc:     # a real run killed at its timeout, or whose rank failed
         print(f"collectives.viz: the real run failed, nothing written: {exc}", file=sys.stderr)
         return 1
     path = args.output or f"{args.what}_{d.get('algorithm') or args.algorithm or 'page'}_{sizes[0]}.html"

@@ -78,7 +78,10 @@ def _wrong(rec, steps, index, decode):
                                    f"rank {q}'s contribution {k} times"))
                     break
     if events:
-        t, f, r, c, text = min(events)
+        # a simulated clock orders every rank's events; a measured one only up to each process's
+        # scheduling, so there the step the ranks agree on comes first, then the rank
+        first = (lambda e: (e[1], e[2], e[0], e[3])) if rec.get("clock") == "measured" else None
+        t, f, r, c, text = min(events, key=first)
         return dict(text=text, frame=f, rank=r, cell=c)
     for r in range(n):
         for c, (v, w) in enumerate(zip(rec["final"][r], rec["want"][r])):
