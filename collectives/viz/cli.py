@@ -6,7 +6,9 @@ Usage::
     python -m collectives.viz all_reduce --function mine.py:all_reduce -n 4 -o mine.html
     python -m collectives.viz pipeline 1f1b -n 4 --micro-batches 8 -o 1f1b.html
     python -m collectives.viz fsdp -n 4 -o fsdp.html       # also moe, ring_attention
-    python -m collectives.viz --all -n 2,5,8 -o pages/      # every algorithm at each N
+    python -m collectives.viz --all -n 2,5,8 -o pages/      # every algorithm at each N, written
+    python -m collectives.viz --all -n 2-64                 # every page drawn and checked, none written
+    python -m collectives.viz --all all_reduce ring -n 2-64 # one algorithm's pages, checked
     python -m collectives.viz all_reduce ring -n 4 --real  # a real run: 4 gloo processes, measured time
     python -m collectives.viz all_reduce --function mine.py:all_reduce -n 4 --real   # yours, for real
 
@@ -22,7 +24,7 @@ import sys
 from pathlib import Path
 
 from ..algorithms import REGISTRY
-from . import model, record, render, schedules
+from . import check, model, record, render, schedules
 
 
 def parser():
@@ -31,8 +33,10 @@ def parser():
     p.add_argument("what", nargs="?", help="a collective, or pipeline, fsdp, moe, ring_attention")
     p.add_argument("algorithm", nargs="?", default=None,
                    help="the algorithm (default: the collective's first); for pipeline: gpipe or 1f1b")
-    p.add_argument("-n", "--world-size", default="4", help="ranks (stages for pipeline); with --all a list: 2,5,8")
-    p.add_argument("-o", "--output", default=None, help="the HTML file (a folder with --all)")
+    p.add_argument("-n", "--world-size", default="4",
+                   help="ranks (stages for pipeline); with --all a list of sizes and ranges: 2,5,8 or 2-64")
+    p.add_argument("-o", "--output", default=None,
+                   help="the HTML file (with --all a folder; without it --all writes nothing, only checks)")
     p.add_argument("--function", default=None, metavar="FILE.py:NAME", help="draw your own algorithm")
     p.add_argument("--topology", default="ethernet-100g", help="ethernet-100g, h100-cluster, fat-tree or a JSON file")
     p.add_argument("--root", type=int, default=0)
@@ -43,7 +47,10 @@ def parser():
     p.add_argument("--hang-seconds", type=float, default=record.REAL_HANG,
                    help=f"--real: seconds a rank waits for one message before the run is drawn as hung "
                         f"(default {record.REAL_HANG:g})")
-    p.add_argument("--all", action="store_true", help="every algorithm of every collective at each --world-size")
+    p.add_argument("--all", action="store_true",
+                   help="every algorithm of every collective (or of the one named) at each --world-size, each page "
+                        "checked (at most 2 MB, ended right, its counters equal to count_traffic's); prints the "
+                        "count, the slowest and the largest page and the total time; exit 1 if a page fails")
     return p
 
 
@@ -75,12 +82,31 @@ def report(d, path):
     print(line)
 
 
+def sizes_of(text):
+    """The world sizes of ``-n``: ``4``, ``2,5,8``, ``2-64`` or a mix (``2-8,16``)."""
+    sizes = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        if dash and lo.strip():
+            lo, hi = int(lo), int(hi)
+            if hi < lo:
+                raise ValueError(f"the range {part!r} runs backwards")
+            sizes += range(lo, hi + 1)
+        else:
+            sizes.append(int(part))
+    return sizes
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     try:
-        sizes = [int(x) for x in str(args.world_size).split(",") if x.strip()]
-    except ValueError:
-        print(f"collectives.viz: -n takes whole numbers, got {args.world_size!r}", file=sys.stderr)
+        sizes = sizes_of(args.world_size)
+    except ValueError as exc:
+        print(f"collectives.viz: -n takes whole numbers and ranges (2,5,8 or 2-64), got {args.world_size!r} "
+              f"({exc})", file=sys.stderr)
         return 2
     if not sizes or any(n < 1 for n in sizes):
         print(f"collectives.viz: -n must be 1 or more, got {args.world_size!r}", file=sys.stderr)
@@ -89,16 +115,16 @@ def main(argv=None):
         if args.all and args.real:
             raise ValueError("--real draws one run; --all draws every algorithm on the simulator")
         if args.all:
-            out = Path(args.output or "viz_pages")
-            out.mkdir(parents=True, exist_ok=True)
-            for c, algs in REGISTRY.items():
-                for a in algs:
-                    for n in sizes:
-                        path = out / f"{c}_{a}_{n}.html"
-                        d = model.build(record.record(c, a, n, args.topology, 0))
-                        render.write(d, path)
-                        report(d, path)
-            return 0
+            if args.what is not None and args.what not in REGISTRY:
+                raise ValueError(f"--all draws collectives ({', '.join(REGISTRY)}), not {args.what!r}")
+            if args.algorithm is not None and args.algorithm not in REGISTRY[args.what]:
+                raise ValueError(f"unknown algorithm {args.algorithm!r} for {args.what}; known: "
+                                 f"{', '.join(REGISTRY[args.what])}")
+            for n in sizes:     # a page too large to draw is refused before any page is drawn
+                record._checked_world(n, "all_reduce", 0, record.MAX_RANKS, "too many boxes to draw")
+            rows, summary = check.run(sizes, args.what, args.algorithm, args.topology, args.output)
+            print(summary)
+            return 1 if any(r["problems"] for r in rows) else 0
         if not args.what:
             print("collectives.viz: name a collective (or pipeline, fsdp, moe, ring_attention), or --all",
                   file=sys.stderr)
