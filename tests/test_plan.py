@@ -156,3 +156,22 @@ def test_cli_plans_experts_and_refuses_ep_on_a_dense_model(capsys):
     with pytest.raises(SystemExit):
         main(["--model", "1.2e9,24,2048,2048,64", "--ranks", "8", "--config", "8,1,1,1,4"])
     assert "needs a mixture-of-experts model" in capsys.readouterr().err
+
+
+def test_a_calibrated_topology_given_as_a_dict_plans_as_its_file_does(tmp_path):
+    """``benchmarks.plan_check`` hands the planner the network it measured in the same run, a
+    dict whose ``by_size`` tables and ``calibrated`` record are themselves containers."""
+    import json
+
+    from collectives.plan import step_time
+    spec = {"kind": "flat", "alpha": 40e-6, "bandwidth": 2e9, "gamma": 1e-10, "cores": 2, "wake": 3e-5,
+            "call": 1e-5, "overhead": 9e-5, "by_size": {"copy": [[4096, 1e-10], [1 << 20, 2e-10]]},
+            "calibrated": {"fits": {"2": {"alpha": 4e-5}}}}
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(spec))
+    config = Config(2, 2, 1, 1)
+    model = Model(params=793_088, layers=4, hidden=128, seq=32, batch=8, heads=4, value_bytes=4,
+                  optimizer_bytes=8)
+    from_dict = step_time(model, config, spec, 1e9)
+    assert from_dict == step_time(model, config, str(path), 1e9)
+    assert from_dict[1]["tp"] > 0

@@ -75,6 +75,7 @@ Models", 2023 (activations); S. Rajbhandari et al., "ZeRO", SC 2020 (memory); D.
 et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
 SC 2021 (the layout and its costs); the Ultra-Scale Playbook (Hugging Face, 2025).
 """
+import json
 import math
 from dataclasses import dataclass
 
@@ -320,7 +321,7 @@ def step_time(model, config, topology, flops, simulate=None, cache=None):
         for coll, n, nbytes, count in items:
             # a point-to-point message and a ring step are one message: a broadcast on 2 ranks
             collective, size = ("broadcast", 2) if coll in ("send", "ring") else (coll, n)
-            key = (collective, size, int(nbytes), tuple(sorted(topo.items())))
+            key = (collective, size, int(nbytes), json.dumps(topo, sort_keys=True))
             if key not in cache:
                 cache[key] = _simulated(simulate, collective, size, int(nbytes), topo)
             total += cache[key] * count
