@@ -1053,9 +1053,10 @@ def draw(name, solution, path, world_size=4, real=False, hang_seconds=None):
     how = "real processes (gloo)" if real else "the simulator"
     lines = [f"Drawn: {written} ({shown} on {world_size} ranks in {how}, beside the reference)."]
     if data.get("failure"):
-        lines.append(f"  The page shows the deadlock: {data['failure']}")
+        report = data["failure"]["report"].replace("\n", "\n    ")
+        lines.append(f"  The page shows the deadlock:\n    {report}")
     if data.get("wrong"):
-        lines.append(f"  The page marks the first wrong chunk: {data['wrong']}")
+        lines.append(f"  The page marks the first wrong chunk: {data['wrong']['text']}")
     return "\n".join(lines)
 
 
