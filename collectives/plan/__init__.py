@@ -78,7 +78,6 @@ et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Meg
 SC 2021 (the layout and its costs); the Ultra-Scale Playbook (Hugging Face, 2025).
 """
 import json
-import math
 from dataclasses import dataclass
 
 from ..parallel.recompute import block_activation_elements
