@@ -27,7 +27,9 @@ message's latency an extra drawn from the exponential distribution of that mean,
 ``--seed N`` (default 0): the same seed gives the same times.
 
 Progress: a run longer than about 2 s says on stderr how far it is (point k of n, the
-collective, algorithm, world size and size, messages done, ranks finished): one line
+collective, algorithm, world size and size, messages done of at most how many, ranks
+finished; the bound is N x the busiest rank's messages by the algorithm's ``cost()``,
+exact where every rank sends alike, as in a ring): one line
 rewritten in place at most 4 times a second when stderr is a terminal, else a line every 5 s.
 A shorter run prints nothing there; ``--quiet`` turns it off.
 
@@ -49,7 +51,7 @@ from .. import observers
 from ..algorithms import REGISTRY
 from ..tools.sizes import human, parse_size, sizes
 from . import topology as topologies
-from .collective import COLLECTIVES, ROOTED, busbw_factor, elements, simulate
+from .collective import COLLECTIVES, ROOTED, busbw_factor, call_bytes, elements, simulate
 from .deadlock import Deadlock
 from .world import SimulationError
 
@@ -99,8 +101,8 @@ def seconds(text):
 class Progress:
     """How far a long run is, on ``stream`` (stderr): nothing for the first ``after`` seconds,
     then, at most every ``every`` seconds, one line rewritten in place on a terminal, or a
-    plain line otherwise. ``point`` names the point being run; ``tick`` is the world's
-    ``progress`` callback."""
+    plain line otherwise. ``point`` names the point being run and, where it can, how many
+    messages it sends at most; ``tick`` is the world's ``progress`` callback."""
 
     def __init__(self, stream, total, after=2.0, every=None):
         self.stream, self.total = stream, total
@@ -110,10 +112,15 @@ class Progress:
         self.next = self.begun + after
         self.k, self.what, self.since = 0, "", self.begun
         self.shown = False
+        self.bound = None
 
-    def point(self, what, n):
+    def point(self, what, n, bound=None):
+        """A new point: ``what`` names it; ``bound()``, if given, is the most messages it sends,
+        asked for only when a line is about to say it (a ring's count at 1,024 ranks takes
+        seconds: a point over before its first line never pays for it)."""
         self.k += 1
         self.what, self.since = what, time.monotonic()
+        self.bound = bound
         self.tick(0, 0, n)
 
     def tick(self, messages, finished, n):
@@ -121,7 +128,11 @@ class Progress:
         if now < self.next:
             return
         self.next = now + self.every
-        line = (f"collectives.sim: point {self.k} of {self.total}, {self.what}: {messages:,} messages done, "
+        if callable(self.bound):
+            self.bound = self.bound()
+        done = f"messages {messages:,} of at most {self.bound:,}" if self.bound is not None else \
+            f"{messages:,} messages done"
+        line = (f"collectives.sim: point {self.k} of {self.total}, {self.what}: {done}, "
                 f"{finished}/{n} ranks finished ({now - self.since:.0f} s on it, {now - self.begun:.0f} s in all)")
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K")
@@ -136,6 +147,21 @@ class Progress:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
             self.shown = False
+
+
+def messages_at_most(collective, algorithm, n, size, item):
+    """The most messages one call of a registered ``algorithm`` sends, all ranks together:
+    N x its ``cost()``'s busiest rank's count (``Cost.messages``). Exact where every rank
+    sends alike (a ring on at least N elements, all_to_all), above the count where the ranks
+    differ (a binomial tree's root sends log N, its leaves 1); None where there is no
+    ``cost()`` to ask (a learner's ``--function``). ``cost()`` tallies the schedule, so at N
+    ranks it takes about as long as the messages it counts take to add up, a small part of
+    the time they take to simulate."""
+    if algorithm not in REGISTRY[collective]:
+        return None
+    from ..algorithms import cost
+    e = elements(collective, size, n, item)
+    return n * cost(collective, algorithm, n, call_bytes(collective, e, n, item), item).messages
 
 
 def load_function(spec, collective):
@@ -290,7 +316,9 @@ def main(argv=None, progress_after=2.0, progress_every=None):
                 results = []
                 for name, fn in algorithms:
                     if progress is not None:
-                        progress.point(f"{collective}/{name}, {n} ranks, {human(size)}", n)
+                        progress.point(f"{collective}/{name}, {n} ranks, {human(size)}", n,
+                                       (lambda c=collective, a=fn, n=n, s=size:
+                                        messages_at_most(c, a, n, s, item)) if isinstance(fn, str) else None)
                     try:
                         if not traced:
                             with observers.trace() as records:

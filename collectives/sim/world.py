@@ -201,8 +201,8 @@ class World:
                                       f"{rank.error}") from rank.error
 
     def _loop_reporting(self):
-        """:meth:`_loop`, calling ``progress`` every ``PROGRESS_EVENTS`` events (a separate loop,
-        so that a simulation without it pays nothing)."""
+        """:meth:`_loop`, calling ``progress`` every ``PROGRESS_EVENTS`` events and once when the
+        queue is empty (a separate loop, so that a simulation without it pays nothing)."""
         queue, pop, report, ranks = self.queue, heapq.heappop, self.progress, self.ranks
         count = 0
         while queue:
@@ -217,6 +217,8 @@ class World:
             if count == PROGRESS_EVENTS:
                 count = 0
                 report(sum(r.sent_messages for r in ranks), sum(r.finished for r in ranks), self.n)
+        # once more at the end, so that the last word on a point is its whole count
+        report(sum(r.sent_messages for r in ranks), sum(r.finished for r in ranks), self.n)
 
     def _main(self, rank, body):
         def main():
