@@ -13,6 +13,7 @@ import random
 import re
 
 import pytest
+import torch
 
 from collectives import count_traffic
 from collectives.sim import simulate, topology
@@ -192,3 +193,73 @@ def test_progress_says_how_many_messages_a_point_sends_at_most(capsys, tmp_path,
         assert cli.main(argv[:2] + ["--function", str(mine)] + argv[4:], progress_after=0.0, progress_every=0.0) == 0
     last = capsys.readouterr().err.splitlines()[-1]
     assert f": {again.sent_messages:,} messages done, {n}/{n} ranks finished" in last
+
+
+def swap(comm, tensor, op):
+    """One message each way between ranks 0 and 1, nothing else: the time is one message's."""
+    other = torch.empty_like(tensor)
+    comm.sendrecv(tensor, 1 - comm.rank, other, 1 - comm.rank, 0)
+
+
+@pytest.mark.parametrize("preset, latency, bandwidth", [
+    ("ethernet-100g", "alpha", "bandwidth"), ("h100-cluster", "intra_alpha", "intra_bandwidth"),
+    ("torus-2x1", "alpha+hop", "bandwidth")])
+@pytest.mark.parametrize("factor", [1.0, 4.0, 2.5])
+@pytest.mark.parametrize("slow", [0, 1])
+def test_a_slow_link_divides_the_bandwidth_of_a_message_and_not_its_latency(preset, latency, bandwidth,
+                                                                           factor, slow):
+    spec = topology.load(preset)
+    alpha = sum(spec[k] for k in latency.split("+"))
+    t = simulate("all_reduce", swap, 2, S, preset, slow_links={slow: factor}).time
+    assert t == pytest.approx(alpha + S * factor / spec[bandwidth], rel=1e-12)
+
+
+@pytest.mark.parametrize("algorithm, n, preset", [("ring", 5, "h100-cluster"), ("tree", 7, "fat-tree"),
+                                                   ("recursive_doubling", 4, "torus-2x2")])
+def test_a_slow_link_of_factor_one_changes_nothing(algorithm, n, preset):
+    base = simulate("all_reduce", algorithm, n, 1 << 20, preset)
+    same = simulate("all_reduce", algorithm, n, 1 << 20, preset, slow_links={n - 1: 1.0, 0: 1})
+    assert same.time == base.time and times(same) == times(base)
+    slower = simulate("all_reduce", algorithm, n, 1 << 20, preset, slow_links={n - 1: 2.0})
+    assert slower.time > base.time
+
+
+def test_a_slow_link_slows_bytes_where_a_straggler_slows_messages():
+    """At 4 KiB a ring's time is its 2(N-1) latencies: a straggler of factor 4 on one rank
+    multiplies them, a NIC 4x slower hardly shows; at 16 MiB it is the bytes, the other way round."""
+    n, f = 8, 4.0
+    base = {s: simulate("all_reduce", "ring", n, s, "ethernet-100g").time for s in (S, 16 << 20)}
+    nic = {s: simulate("all_reduce", "ring", n, s, "ethernet-100g", slow_links={3: f}).time for s in base}
+    host = {s: simulate("all_reduce", "ring", n, s, "ethernet-100g", stragglers={3: f}).time for s in base}
+    assert nic[S] / base[S] < 1.2 < 2 < host[S] / base[S]
+    assert host[16 << 20] / base[16 << 20] < 1.2 < 2 < nic[16 << 20] / base[16 << 20]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(slow_links={4: 2.0}), r"slow_links: rank 4 is not a rank of 0\.\.3"),
+    (dict(slow_links={1: 0.5}), r"slow_links: rank 1's 0.5 is not a bandwidth divisor >= 1"),
+    (dict(slow_links={1: float("inf")}), r"rank 1's inf is not a bandwidth divisor >= 1"),
+    (dict(slow_links={1: float("nan")}), r"rank 1's nan is not a bandwidth divisor >= 1"),
+    (dict(slow_links={1: "2"}), r"rank 1's '2' is not a bandwidth divisor"),
+    (dict(slow_links=[(1, 2.0)]), r"slow_links must be a dict"),
+])
+def test_a_bad_slow_link_raises_before_any_rank_runs(kw, match):
+    test_bad_noise_raises_before_any_rank_runs(kw, match)
+
+
+def test_the_command_line_takes_slow_links_and_refuses_bad_ones(capsys, tmp_path):
+    path = str(tmp_path / "rows.json")
+    argv = ["--algorithm", "ring", "--world-size", "4", "-b", "1M", "-e", "1M", "--json", path]
+    assert cli.main(argv + ["--slow-link", "1:4", "--slow-link", "2:2"]) == 0
+    with open(path) as f:
+        got = json.load(f)[0]["time_us"] * 1e-6
+    assert got == pytest.approx(simulate("all_reduce", "ring", 4, 1 << 20, "ethernet-100g",
+                                         slow_links={1: 4.0, 2: 2.0}).time, rel=1e-9)
+    capsys.readouterr()
+    assert cli.main(["--world-size", "4,8", "--slow-link", "5:2"]) == 2
+    assert "--slow-link names rank 5, but --world-size 4 has ranks 0..3" in capsys.readouterr().err
+    for bad in (["--slow-link", "1:0.5"], ["--slow-link", "1"], ["--slow-link", "1:inf"], ["--slow-link", "-1:2"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["--world-size", "4"] + bad)
+        assert exc.value.code == 2
+        assert "--slow-link" in capsys.readouterr().err

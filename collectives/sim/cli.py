@@ -22,7 +22,10 @@ first world size and size).
 Stragglers and noise (:mod:`collectives.sim.world` defines them): ``--straggler RANK:FACTOR``
 makes that rank a host FACTOR times slower (its CPU work, and the latency and gap of every
 message it sends or receives; not the links' bandwidth), ``--straggler RANK:+SECONDS`` makes
-it enter every call SECONDS late; both repeatable. ``--jitter SECONDS`` adds to every
+it enter every call SECONDS late; both repeatable. ``--slow-link RANK:FACTOR`` (repeatable) is
+a slow NIC instead: that rank's links, both directions, carry 1/FACTOR of their bandwidth
+(FACTOR >= 1), their latency unchanged, so it slows bytes and not messages: a large call
+of a ring that crosses it at every step, a small one hardly. ``--jitter SECONDS`` adds to every
 message's latency an extra drawn from the exponential distribution of that mean, from
 ``--seed N`` (default 0): the same seed gives the same times.
 
@@ -85,6 +88,20 @@ def straggler(text):
         raise argparse.ArgumentTypeError(f"--straggler {text}: the rank must be >= 0 and "
                                          + ("the delay >= 0 seconds" if late else "the factor > 0"))
     return rank, "delay" if late else "factor", x
+
+
+def slow_link(text):
+    """``RANK:FACTOR``: that rank's links carry 1/FACTOR of their bandwidth: (rank, factor)."""
+    rank, sep, value = str(text).partition(":")
+    try:
+        rank, x = int(rank), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--slow-link takes RANK:FACTOR (3:4, rank 3's links at a quarter "
+                                         f"of their bandwidth); got {text!r}") from None
+    if not sep or rank < 0 or not math.isfinite(x) or x < 1:
+        raise argparse.ArgumentTypeError(f"--slow-link {text}: the rank must be >= 0 and the factor a "
+                                         f"finite number >= 1 (it divides the bandwidth)")
+    return rank, x
 
 
 def seconds(text):
@@ -228,6 +245,9 @@ def parser():
                    help="that rank is a host FACTOR times slower: its CPU work and the latency and gap of "
                         "its messages (not the links' bandwidth); RANK:+SECONDS: it enters every call "
                         "SECONDS late. Repeatable")
+    p.add_argument("--slow-link", type=slow_link, action="append", default=[], metavar="RANK:FACTOR",
+                   help="that rank's links (its NIC, both directions) carry 1/FACTOR of their bandwidth; "
+                        "latency, gap and CPU unchanged: a slow cable slows bytes, not messages. Repeatable")
     p.add_argument("--jitter", type=seconds, default=0.0, metavar="SECONDS",
                    help="every message's latency gets an extra drawn from the exponential distribution "
                         "of this mean (default 0)")
@@ -268,9 +288,10 @@ def plan(args):
     for n in args.world_size:
         if any(c in ROOTED for c in collectives_) and not 0 <= args.root < n:
             raise ValueError(f"--root {args.root} is out of range for --world-size {n}")
-        for rank, _, _ in args.straggler:
+        for flag, rank in [("--straggler", r) for r, _, _ in args.straggler] + \
+                [("--slow-link", r) for r, _ in args.slow_link]:
             if rank >= n:
-                raise ValueError(f"--straggler names rank {rank}, but --world-size {n} has ranks 0..{n - 1}")
+                raise ValueError(f"{flag} names rank {rank}, but --world-size {n} has ranks 0..{n - 1}")
         if args.check and n * max(points) * (n if any(c in ("all_to_all", "all_gather", "gather")
                                                         for c in collectives_) else 1) > CHECK_LIMIT:
             raise ValueError(f"--check keeps every rank's real tensors: {n} ranks x {human(max(points))} is "
@@ -279,10 +300,12 @@ def plan(args):
 
 
 def noise(args):
-    """simulate()'s keyword arguments for ``--straggler``, ``--jitter`` and ``--seed``."""
+    """simulate()'s keyword arguments for ``--straggler``, ``--slow-link``, ``--jitter`` and ``--seed``."""
     stragglers = {r: x for r, how, x in args.straggler if how == "factor"}
     delays = {r: x for r, how, x in args.straggler if how == "delay"}
-    return dict(stragglers=stragglers or None, delays=delays or None, jitter=args.jitter, seed=args.seed)
+    slow_links = dict(args.slow_link)
+    return dict(stragglers=stragglers or None, delays=delays or None, jitter=args.jitter, seed=args.seed,
+                slow_links=slow_links or None)
 
 
 def main(argv=None, progress_after=2.0, progress_every=None):
