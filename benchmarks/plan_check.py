@@ -26,8 +26,11 @@ For each configuration it prints, per rank the largest of the N ranks:
   :func:`collectives.plan.memory` with ``value_bytes=4, optimizer_bytes=8``;
 * the step time, measured (median of ``--steps`` rounds, each a step of every configuration
   in turn so that the machine's changing load falls on all alike; the slowest rank) and the planner's
-  :func:`collectives.plan.step_time` on the ``local`` topology (this machine's fitted
-  figures) with the FLOP/s each rank sustains measured in the same run (every rank
+  :func:`collectives.plan.step_time` on this machine's network as measured in the same
+  run (``--topology measured``: :func:`calibrate`, ``benchmarks.sim_calibrate``'s
+  measurements and fit after the training, so the per-message and per-call costs are those
+  of the load the steps ran under; a stored ``local`` can miss that by 10x on a shared
+  machine) with the FLOP/s each rank sustains measured in the same run (every rank
   training the whole model alone at once, as the ranks share the cores in the runs);
 
 then the ratio of every memory figure to the plan, and the share of configuration pairs
@@ -263,6 +266,24 @@ def measure(world, dims, steps=3, configs=CONFIGS, timeout=600):
     return flops, rows
 
 
+CALIBRATION_SIZES = (4, 64, 1024, 16 << 10, 256 << 10, 1 << 20)
+
+
+def calibrate(world, iters=10, timeout=600):
+    """This machine's ``local`` topology measured now, as ``python -m benchmarks.sim_calibrate``
+    measures it (ping-pong, ring exchange, reductions, 4-byte all_reduce calls through the API,
+    in worlds of 2 and ``world`` gloo ranks), so that the planner's per-message and per-call
+    costs are those of the load the configurations ran under, not a stored day's."""
+    from benchmarks import pingpong, sim_calibrate
+    from collectives.tools.launch import run_in_group
+    rows = []
+    for n in sorted({2, world}):
+        per_rank = run_in_group(pingpong.measure, n, torch.device("cpu"), CALIBRATION_SIZES, iters, 2,
+                                env={"COLLECTIVES_TIMEOUT": "60"}, timeout=timeout)
+        rows += per_rank[0]
+    return dict(sim_calibrate.spec_from_p2p(rows), name="measured")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.plan_check", description=__doc__.split("\n")[0])
     p.add_argument("--world-size", type=int, default=4)
@@ -272,13 +293,19 @@ def main(argv=None):
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--topology", default="local")
+    p.add_argument("--topology", default="measured",
+                   help="the planner's network: 'measured' (calibrated in this run, after the "
+                        "training: worlds of 2 and 4 ranks), or any of python -m collectives.sim's")
     args = p.parse_args(argv)
     if args.world_size != 4:
         p.error("--world-size: the configurations listed are for 4 ranks")
     dims = (args.layers, args.hidden, args.heads, args.seq, args.batch)
     model = model_of(*dims)
     flops, rows = measure(args.world_size, dims, args.steps)
+    topology = calibrate(args.world_size) if args.topology == "measured" else args.topology
+    if args.topology == "measured":
+        from collectives.sim import topology as topologies
+        print("# " + topologies.describe(topology))
     print(f"# {args.layers} blocks, hidden {args.hidden}, {args.heads} heads, {args.seq} tokens x {args.batch} "
           f"sequences per step, float32, Adam; {args.world_size} gloo ranks; measured {flops / 1e9:.2f} GFLOP/s "
           f"per rank; planner on --topology {args.topology}")
@@ -287,7 +314,7 @@ def main(argv=None):
     planned_t, measured_t, ratios = [], [], {k: [] for k in KINDS}
     for config, row in zip(CONFIGS, rows):
         plan_mem = memory(model, config)
-        planned = step_time(model, config, args.topology, flops)[0]
+        planned = step_time(model, config, topology, flops)[0]
         planned_t.append(planned)
         measured_t.append(row["time"])
         for k in KINDS:

@@ -156,3 +156,38 @@ def test_cli_plans_experts_and_refuses_ep_on_a_dense_model(capsys):
     with pytest.raises(SystemExit):
         main(["--model", "1.2e9,24,2048,2048,64", "--ranks", "8", "--config", "8,1,1,1,4"])
     assert "needs a mixture-of-experts model" in capsys.readouterr().err
+
+
+def test_a_calibrated_topology_given_as_a_dict_plans_as_its_file_does(tmp_path):
+    """``benchmarks.plan_check`` hands the planner the network it measured in the same run, a
+    dict whose ``by_size`` tables and ``calibrated`` record are themselves containers."""
+    import json
+
+    from collectives.plan import step_time
+    spec = {"kind": "flat", "alpha": 40e-6, "bandwidth": 2e9, "gamma": 1e-10, "cores": 2, "wake": 3e-5,
+            "call": 1e-5, "overhead": 9e-5, "by_size": {"copy": [[4096, 1e-10], [1 << 20, 2e-10]]},
+            "calibrated": {"fits": {"2": {"alpha": 4e-5}}}}
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(spec))
+    config = Config(2, 2, 1, 1)
+    model = Model(params=793_088, layers=4, hidden=128, seq=32, batch=8, heads=4, value_bytes=4,
+                  optimizer_bytes=8)
+    from_dict = step_time(model, config, spec, 1e9)
+    assert from_dict == step_time(model, config, str(path), 1e9)
+    assert from_dict[1]["tp"] > 0
+
+
+def test_zero3_gathers_and_scatters_layer_by_layer():
+    """ZeRO-3 (FSDP) gathers each layer's parameters before its forward and again before its
+    backward, and reduce-scatters each layer's gradient: 3 calls per layer of the stage, each of
+    one layer's bytes, as ``collectives.parallel.fsdp`` and torch's FSDP wrapped per block run
+    it (the whole model in 3 calls would charge 3 calls' fixed cost, not 3 L). Bytes unchanged."""
+    from collectives.plan import calls
+    for pp in (1, 2):
+        c = Config(8 // pp, 1, pp, 1, zero=3)
+        layers = MODEL.layers // pp
+        per_layer = 2 * MODEL.params / pp / layers
+        got = {(coll, n, count): nbytes for coll, n, nbytes, count in calls(MODEL, c)["dp"]}
+        assert set(got) == {("all_gather", 8 // pp, 2 * layers), ("reduce_scatter", 8 // pp, layers)}
+        assert all(abs(b - per_layer) < 1e-6 * per_layer for b in got.values())
+    assert communication(MODEL, Config(8, 1, 1, 1, zero=3))["dp"] == pytest.approx(3 * 7 / 8 * 2 * MODEL.params)

@@ -209,3 +209,39 @@ def test_the_graders_page_sets_the_learners_run_beside_the_reference(tmp_path):
     text = path.read_text()
     assert mine["failure"]["type"] == "send-send"
     assert "yours: all_reduce / deadlocking on 3 ranks" in text and "reference: all_reduce / naive_ring" in text
+
+
+SAMPLE_N = [2, 3, 5, 8, 13, 64]
+SAMPLE = [("all_reduce", "rabenseifner"), ("all_to_all", "bruck")]
+
+
+@pytest.mark.parametrize("collective,algorithm", SAMPLE)
+def test_a_sample_of_worlds_up_to_64_stays_under_2_mb_with_the_runs_counters(collective, algorithm):
+    """A sample of what ``--all -n 2-64`` checks for every algorithm (docs: chapter 5)."""
+    for n in SAMPLE_N:
+        d, counters = traced(collective, algorithm, n)
+        t = totals(d)
+        assert [t["sb"], t["rb"], t["sm"], t["rm"]] == [[c.sent_bytes for c in counters],
+                                                        [c.recv_bytes for c in counters],
+                                                        [c.sent_messages for c in counters],
+                                                        [c.recv_messages for c in counters]], n
+        assert len(render.html(d).encode()) <= render.MAX_PAGE_BYTES, n
+        assert d["failure"] is None and d["wrong"] is None
+
+
+def test_the_all_checker_counts_its_pages_and_fails_on_a_page_too_large(capsys, monkeypatch, tmp_path):
+    from collectives.viz import check
+    assert cli.sizes_of("2-5,8,13") == [2, 3, 4, 5, 8, 13]
+    assert cli.main(["--all", "all_reduce", "rabenseifner", "-n", "2,3,5", "-o", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    sizes = {n: (tmp_path / f"all_reduce_rabenseifner_{n}.html").stat().st_size for n in (2, 3, 5)}
+    assert "checked 3 pages (1 algorithms of 1 collectives x N = 2,3,5)" in out
+    assert f"largest: all_reduce/rabenseifner N={max(sizes, key=sizes.get)}, {max(sizes.values())} bytes" in out
+    assert "every page: at most the bound, ended right, its counters equal to count_traffic's" in out
+    rows, _ = check.run([2, 3], "broadcast", None, say=lambda line: None)
+    assert len(rows) == 2 * len(collectives.ALGORITHMS["broadcast"]) and not any(r["problems"] for r in rows)
+    monkeypatch.setattr(render, "MAX_PAGE_BYTES", 1000)
+    assert cli.main(["--all", "barrier", "-n", "2-3"]) == 1
+    assert "2 page(s) with problems" in capsys.readouterr().out
+    assert cli.main(["--all", "all_reduce", "nope", "-n", "2"]) == 2
+    assert cli.main(["--all", "-n", "4-2"]) == 2

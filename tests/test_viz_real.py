@@ -76,13 +76,13 @@ def test_the_page_of_a_real_run_counts_its_messages_and_says_its_clock_is_measur
 def test_bad_input_to_a_real_run_is_refused_before_any_process_starts(capsys):
     with pytest.raises(record.TooLarge, match="at most 15"):
         record.record_real("all_reduce", "ring", 16)
-    with pytest.raises(ValueError, match="registered algorithms only"):
+    with pytest.raises(ValueError, match="top level of a .py file"):
         record.record_real("all_reduce", lambda comm, t, op: None, 2)
     with pytest.raises(ValueError, match="whole number"):
         record.record_real("all_reduce", "ring", 0)
     with pytest.raises(ValueError, match="unknown"):
         record.record_real("all_reduce", "no_such_algorithm", 2)
-    assert cli.main(["all_reduce", "--function", "x.py:f", "--real", "-n", "2"]) == 2
+    assert cli.main(["all_reduce", "--function", "no_such_file.py:f", "--real", "-n", "2"]) == 2
     assert cli.main(["pipeline", "--real", "-n", "2"]) == 2
     assert "--real" in capsys.readouterr().err
 
@@ -102,3 +102,170 @@ def test_a_browser_shows_a_real_runs_own_counts_and_a_measured_clock(tmp_path):
     # each rank's count_traffic, counted in its own process during the real run
     assert [[int(x) for x in row[1:]] for row in table(dom, "counters")] == rec["traffic"]
     assert "Measured time" in dom
+
+
+# ---- the learner's own function, for real (issue 35) ------------------------------------------
+
+LEARNER = """
+import torch
+
+
+def ring(comm, tensor, op):
+    n, r = comm.size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    chunks = tensor.tensor_split(n)
+    inbox = tensor.new_empty(chunks[0].numel())
+    for s in range(n - 1):                  # reduce-scatter
+        send_i, recv_i = (r - s - 1) % n, (r - s - 2) % n
+        got = inbox[:chunks[recv_i].numel()]
+        comm.sendrecv(chunks[send_i], right, got, left, s)
+        op.combine(chunks[recv_i], got)
+    for s in range(n - 1):                  # all-gather
+        send_i, recv_i = (r - s) % n, (r - s - 1) % n
+        comm.sendrecv(chunks[send_i], right, chunks[recv_i], left, n - 1 + s)
+
+
+def rank_1_twice(comm, tensor, op):
+    if comm.rank == 1:                      # rank 1 folds its own contribution in a second time
+        op.combine(tensor, tensor.clone())
+    ring(comm, tensor, op)
+
+
+def everyone_twice(comm, tensor, op):
+    n, r = comm.size, comm.rank
+    acc, send, buf = tensor.clone(), tensor.clone(), torch.empty_like(tensor)
+    for step in range(n - 1):
+        comm.sendrecv(send, (r + 1) % n, buf, (r - 1) % n, step)
+        op.combine(acc, buf)
+        send = buf.clone()
+    op.combine(acc, tensor)                 # every rank adds its own input again
+    tensor.copy_(acc)
+
+
+def blocking(comm, tensor, op):
+    buf = torch.empty_like(tensor)
+    for step in range(comm.size - 1):       # a blocking send first on every rank
+        comm.send(tensor, (comm.rank + 1) % comm.size, step)
+        comm.recv(buf, (comm.rank - 1) % comm.size, step)
+        op.combine(tensor, buf)
+
+
+def receives_first(comm, tensor, op):
+    buf = torch.empty_like(tensor)
+    comm.recv(buf, (comm.rank - 1) % comm.size, 0)
+    comm.send(tensor, (comm.rank + 1) % comm.size, 0)
+"""
+HANG = 2.0      # seconds a rank waits at the door before the run is drawn as hung
+
+
+@pytest.fixture
+def learner(tmp_path):
+    """The file of a learner's functions, loaded as --function loads it."""
+    from collectives.sim.cli import load_function
+    path = tmp_path / "mine.py"
+    path.write_text(LEARNER)
+    return lambda name: load_function(f"{path}:{name}", "all_reduce")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_learners_ring_run_for_real_is_its_simulated_recording(learner, n):
+    fn = learner("ring")
+    real = record.record_real("all_reduce", fn, n, timeout=TIMEOUT, hang=30)
+    sim = record.record("all_reduce", fn, n)
+    assert sorted(map(shape, real["messages"])) == sorted(map(shape, sim["messages"]))
+    assert len(real["messages"]) == 2 * (n - 1) * n
+    assert real["final"] == sim["final"] and real["failure"] is None and real["notes"] == []
+    for r in range(n):
+        assert [(s, v) for _, s, v in real["snapshots"][r]] == [(s, v) for _, s, v in sim["snapshots"][r]]
+        assert real["traffic"][r][2] == 2 * (n - 1)          # its own count_traffic: sent messages
+    d = model.build(real)
+    assert d["wrong"] is None and d["failure"] is None and d["algorithm"] == "ring"
+
+
+def test_a_wrong_learners_real_page_marks_the_simulated_pages_first_wrong_chunk(learner):
+    for name in ("rank_1_twice", "everyone_twice"):
+        fn = learner(name)
+        real = model.build(record.record_real("all_reduce", fn, 3, timeout=TIMEOUT, hang=30))
+        sim = model.build(record.record("all_reduce", fn, 3))
+        assert real["wrong"] is not None and real["wrong"] == sim["wrong"], (name, real["wrong"], sim["wrong"])
+        assert real["failure"] is None
+    assert real["wrong"]["rank"] == 0 and "rank 0's contribution is counted 2 times" in real["wrong"]["text"]
+
+
+@pytest.mark.parametrize("name,kind", [("blocking", "send-send"), ("receives_first", "recv-recv")])
+def test_a_real_hang_is_drawn_as_the_simulators_deadlock(learner, name, kind):
+    fn = learner(name)
+    real = record.record_real("all_reduce", fn, 3, timeout=TIMEOUT, hang=HANG)
+    sim = record.record("all_reduce", fn, 3)
+    assert real["failure"]["kind"] == sim["failure"]["kind"] == "deadlock"
+    assert real["failure"]["type"] == sim["failure"]["type"] == kind
+    assert real["failure"]["cycle"] == sim["failure"]["cycle"]
+    assert "a real run" in real["failure"]["report"]
+    # frozen where the simulator froze: the messages finished, the buffers, the posts
+    assert sorted(map(shape, real["messages"])) == sorted(map(shape, sim["messages"]))
+    assert real["final"] == sim["final"]
+    for r in range(3):
+        assert [(s, v) for _, s, v in real["snapshots"][r]] == [(s, v) for _, s, v in sim["snapshots"][r]]
+    d = model.build(real)
+    assert d["failure"] == real["failure"] and d["wrong"] is None
+
+
+def test_the_cli_draws_a_learners_real_hang_and_exits_3(learner, tmp_path, capsys):
+    out = tmp_path / "hang.html"
+    mine = tmp_path / "mine.py"
+    assert cli.main(["all_reduce", "--function", f"{mine}:blocking", "-n", "2", "--real",
+                     "--hang-seconds", str(HANG), "-o", str(out)]) == 3
+    text = out.read_text()
+    assert "send-send" in text and "a real run" in text
+    assert "deadlock: 2 rank(s) wait for each other in a send-send cycle: 0 -> 1 -> 0" in capsys.readouterr().out
+
+
+def test_a_real_world_that_fails_writes_nothing_and_exits_1(tmp_path, capsys):
+    mine = tmp_path / "mine.py"
+    mine.write_text("def boom(comm, tensor, op):\n    if comm.rank == 1:\n        raise KeyError('mine')\n"
+                    "    comm.recv(tensor.clone(), 1, 0)\n")
+    out = tmp_path / "boom.html"
+    assert cli.main(["all_reduce", "--function", f"{mine}:boom", "-n", "2", "--real", "--hang-seconds", "20",
+                     "-o", str(out)]) == 1
+    assert not out.exists()
+    err = capsys.readouterr().err
+    assert "nothing written" in err and "rank 1 of 2 failed" in err and "KeyError" in err
+
+
+def test_bad_input_to_a_learners_real_run_is_refused_before_any_process(learner, monkeypatch, tmp_path, capsys):
+    from collectives.tools import launch
+
+    def no_world(*args, **kwargs):
+        raise AssertionError("a process was started")
+    monkeypatch.setattr(launch, "run_in_group", no_world)
+    fn = learner("ring")
+    with pytest.raises(ValueError, match="whole number"):
+        record.record_real("all_reduce", fn, 0)
+    with pytest.raises(ValueError, match="hang"):
+        record.record_real("all_reduce", fn, 2, hang=0)
+
+    def nested(comm, tensor, op):
+        pass
+    with pytest.raises(ValueError, match="top level of a .py file"):
+        record.record_real("all_reduce", nested, 2)
+    mine = tmp_path / "mine.py"
+    assert cli.main(["all_reduce", "--function", f"{tmp_path}/nope.py:ring", "-n", "2", "--real"]) == 2
+    assert cli.main(["all_reduce", "--function", f"{mine}:no_such_name", "-n", "2", "--real"]) == 2
+    assert cli.main(["all_reduce", "--function", f"{mine}:ring", "-n", "0", "--real"]) == 2
+    assert cli.main(["all_reduce", "--function", f"{mine}:ring", "-n", "2", "--real", "--hang-seconds", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "no file" in err and "no function 'no_such_name'" in err and "-n must be 1 or more" in err
+    assert err.count("collectives.viz:") == 4
+
+
+def test_the_graders_html_draws_both_runs_for_real(tmp_path):
+    from tutorials.exercises import grade
+    here = grade.HERE
+    text = grade.draw("sim_all_reduce", str(here / "wrong" / "sim_all_reduce_blocking.py"), tmp_path / "g.html",
+                      world_size=3, real=True, hang_seconds=HANG)
+    page = (tmp_path / "g.html").read_text()
+    assert "real processes (gloo)" in text and "send-send" in text
+    assert "yours: all_reduce / sim_all_reduce on 3 ranks: a real run" in page
+    assert "reference: all_reduce / naive_ring on 3 ranks: a real run" in page
+    with pytest.raises(SystemExit):
+        grade.main(["sim_all_reduce", "--real"])        # --real says how --html draws

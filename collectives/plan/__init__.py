@@ -24,7 +24,9 @@ formulas of chapters 10 and 16-21:
   ranks, the dense rest over DP;
 * **communication** per step by kind, bytes one rank sends with the ring algorithms:
   DP ``2(d-1)/d`` x its gradient bytes (ZeRO-1 and 2 as a reduce-scatter and an
-  all-gather, the same bytes; ZeRO-3: ``3(d-1)/d`` x its parameter bytes); TP
+  all-gather, the same bytes; ZeRO-3: ``3(d-1)/d`` x its parameter bytes, layer by layer:
+  each layer gathered before its forward and its backward, its gradient reduce-scattered,
+  3 calls per layer); TP
   ``10(t-1)/t`` x A per layer and micro-batch (sequence parallelism as
   ``ParallelBlock(sequence_parallel="regather")`` runs it: 6 all-gathers, the backward's 2
   gathering the inputs again, and 4 reduce-scatters of A = S/c x b x H x e bytes; 14 with
@@ -75,7 +77,7 @@ Models", 2023 (activations); S. Rajbhandari et al., "ZeRO", SC 2020 (memory); D.
 et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
 SC 2021 (the layout and its costs); the Ultra-Scale Playbook (Hugging Face, 2025).
 """
-import math
+import json
 from dataclasses import dataclass
 
 from ..parallel.recompute import block_activation_elements
@@ -238,7 +240,10 @@ def calls(model, config):
         if sharers < 2 or not values:
             continue
         if c.zero >= 3:
-            out["dp"] += [("all_gather", sharers, grad_bytes, 2), ("reduce_scatter", sharers, grad_bytes, 1)]
+            # layer by layer, as FSDP wrapped per block runs it: each layer's parameters gathered
+            # before its forward and again before its backward, its gradient reduce-scattered
+            unit = grad_bytes / layers
+            out["dp"] += [("all_gather", sharers, unit, 2 * layers), ("reduce_scatter", sharers, unit, layers)]
         elif c.zero >= 1:
             out["dp"] += [("reduce_scatter", sharers, grad_bytes, 1), ("all_gather", sharers, grad_bytes, 1)]
         else:
@@ -320,7 +325,7 @@ def step_time(model, config, topology, flops, simulate=None, cache=None):
         for coll, n, nbytes, count in items:
             # a point-to-point message and a ring step are one message: a broadcast on 2 ranks
             collective, size = ("broadcast", 2) if coll in ("send", "ring") else (coll, n)
-            key = (collective, size, int(nbytes), tuple(sorted(topo.items())))
+            key = (collective, size, int(nbytes), json.dumps(topo, sort_keys=True))
             if key not in cache:
                 cache[key] = _simulated(simulate, collective, size, int(nbytes), topo)
             total += cache[key] * count

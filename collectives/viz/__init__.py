@@ -6,8 +6,9 @@ bytes per rank and per link, the simulated time axis, the topology, the wait-for
 deadlock, the first chunk of a wrong result, predict-then-reveal questions) is computed from
 that run, never drawn by hand. One file, no network: open it from disk.
 
-:func:`record_real` (``python -m collectives.viz ... --real``) runs the same algorithm in real
-processes instead (gloo, one host): the same messages, their times measured, the same page.
+:func:`record_real` (``python -m collectives.viz ... --real``) runs the same algorithm, or the
+learner's own function, in real processes instead (gloo, one host): the same messages, their
+times measured, the same page; a hang at the door is drawn as the simulator draws a deadlock.
 
 * :mod:`.record`: the run, with provenance encoded in the values themselves;
 * :mod:`.model`: frames, counters, links, the first wrong chunk;
@@ -68,10 +69,16 @@ def show(collective, algorithm, world_size, height=720, **kwargs):
 __all__ = ["MAX_MESSAGES", "MAX_RANKS", "TooLarge", "data", "page", "show", "side_by_side"]
 
 
-def side_by_side(collective, solution, world_size, path, reference=None, topology="ethernet-100g", root=0):
+def side_by_side(collective, solution, world_size, path, reference=None, topology="ethernet-100g", root=0,
+                 real=False, hang=_record.REAL_HANG):
     """The learner's run next to the reference's, in one self-contained file (what the grader's
     ``--html FILE`` writes): ``solution`` is the learner's function (the algorithm modules'
     signature), ``reference`` a registered name (default: the collective's first).
+
+    ``real=True`` runs both in real processes (:func:`record_real`: gloo, one host, the
+    function loaded from its file) instead of the simulator; a rank that waits ``hang``
+    seconds for a message makes the learner's page a deadlock page. A world that fails
+    otherwise raises (the launcher's verdict) and nothing is written.
 
     Returns:
         (path, learner's page data): the data's ``failure`` (a deadlock's cycle) and ``wrong``
@@ -82,8 +89,12 @@ def side_by_side(collective, solution, world_size, path, reference=None, topolog
 
     from ..algorithms import REGISTRY
     reference = reference or next(iter(REGISTRY[collective]))
-    mine = data(collective, solution, world_size, topology, root)
-    ref = data(collective, reference, world_size, topology, root)
+    if real:
+        mine = model.build(record_real(collective, solution, world_size, root, hang=hang))
+        ref = model.build(record_real(collective, reference, world_size, root, hang=hang))
+    else:
+        mine = data(collective, solution, world_size, topology, root)
+        ref = data(collective, reference, world_size, topology, root)
     frames = "".join(
         f'<div style="flex:1;min-width:600px"><h2>{_html.escape(label)}</h2><iframe srcdoc="'
         f'{_html.escape(render.html(d), quote=True)}" style="width:100%;height:1400px;border:1px solid #ccc">'

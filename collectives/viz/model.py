@@ -12,25 +12,36 @@ def _frames(rec):
     n = rec["n"]
     steps = sorted({m["step"] for m in rec["messages"]} | {s for snaps in rec["snapshots"] for _, s, _ in snaps})
     index = {s: i for i, s in enumerate(steps)}
-    states = []
-    for f in range(len(steps)):
-        row = []
-        for r in range(n):
-            snaps = [v for _, s, v in rec["snapshots"][r] if index[s] <= f]
-            row.append(snaps[-1] if snaps else (rec["snapshots"][r][0][2] if rec["snapshots"][r] else rec["final"][r]))
-        states.append(row)
+    frames = len(steps)
+    # rank r at frame f shows its latest post (in its own order) among those of steps up to f, else
+    # its first post's buffers, else its final ones: one pass per rank, not one per frame and rank
+    columns = []
+    for r in range(n):
+        snaps = rec["snapshots"][r]
+        latest = [-1] * frames          # per frame: the last post made at that frame's step
+        for i, (_, s, _) in enumerate(snaps):
+            latest[index[s]] = i
+        column, best = [], -1
+        for f in range(frames):
+            best = max(best, latest[f])
+            column.append(snaps[best][2] if best >= 0 else (snaps[0][2] if snaps else rec["final"][r]))
+        columns.append(column)
+    states = [[columns[r][f] for r in range(n)] for f in range(frames)]
     states.append(rec["final"])
     return steps, index, states
 
 
 def _concurrency(msgs, links):
     """Per link: the most messages on it at once."""
+    edges = {link: [] for link in links}
+    for m in msgs:
+        for link in m["links"]:
+            if link in edges:
+                edges[link] += [(m["start"], 1), (m["end"], -1)]
     most = {}
-    for link in links:
-        edges = sorted([(m["start"], 1) for m in msgs if link in m["links"]] +
-                       [(m["end"], -1) for m in msgs if link in m["links"]], key=lambda x: (x[0], x[1]))
+    for link, marks in edges.items():
         now = best = 0
-        for _, d in edges:
+        for _, d in sorted(marks):     # at one instant an end (-1) before a start: back to back is not at once
             now += d
             best = max(best, now)
         most[link] = best
@@ -78,7 +89,10 @@ def _wrong(rec, steps, index, decode):
                                    f"rank {q}'s contribution {k} times"))
                     break
     if events:
-        t, f, r, c, text = min(events)
+        # a simulated clock orders every rank's events; a measured one only up to each process's
+        # scheduling, so there the step the ranks agree on comes first, then the rank
+        first = (lambda e: (e[1], e[2], e[0], e[3])) if rec.get("clock") == "measured" else None
+        t, f, r, c, text = min(events, key=first)
         return dict(text=text, frame=f, rank=r, cell=c)
     for r in range(n):
         for c, (v, w) in enumerate(zip(rec["final"][r], rec["want"][r])):

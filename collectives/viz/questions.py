@@ -67,7 +67,7 @@ def pipeline_questions(d):
            round(d["bubble"], 4), f"idle slots / all slots = {d['idle']} / {d['slots']}", tolerance=0.01),
         _q("How many time slots does the whole schedule take?", d["makespan"],
            f"{p} stages, {m} micro-batches, forward and backward one slot each"),
-        _q(f"How many activations does stage 0 hold at most at once (forwards done, backwards not yet)?",
+        _q("How many activations does stage 0 hold at most at once (forwards done, backwards not yet)?",
            d["peak"][0], "count F minus B along stage 0's row; 1F1B bounds it by the stage count"),
     ]
 

@@ -316,7 +316,8 @@ def record_program(title, world_size, calls, topology="ethernet-100g", names=Non
 # ---- the same recording from a real run: processes, gloo, the real door --------------------
 
 REAL_RANKS = 15          # nibbles only: a real run's page always draws its chunks
-REAL_TIMEOUT = 120.0     # seconds before the world is killed (a wrong algorithm may hang)
+REAL_TIMEOUT = 120.0     # seconds before the world is killed (a learner's loop may never end)
+REAL_HANG = 10.0         # seconds a rank waits at the door for one message before the run is called hung
 
 
 class _Clock:
@@ -339,10 +340,41 @@ def _cell(tensor, outs):
     return None if where is None else sum(o.numel() for o in outs[:where[0]]) + where[1]
 
 
-def _recording_comm(*args, clock, outs, **kwargs):
+def _source(fn):
+    """(file, name): where the processes find the function ``fn``.
+
+    A function is not pickled into the processes but loaded there from its file, as the
+    grader loads a solution: a lambda, a nested function or one typed into a notebook has no
+    file to load it from, and is refused here, before any process starts."""
+    import os
+    name = getattr(fn, "__name__", None)
+    path = getattr(getattr(fn, "__code__", None), "co_filename", None)
+    if (name is None or getattr(fn, "__qualname__", name) != name or not path or not path.endswith(".py")
+            or not os.path.isfile(path)):
+        raise ValueError(f"a function runs in real processes loaded from its file: {getattr(fn, '__qualname__', fn)!r} "
+                         f"must be defined at the top level of a .py file (not a lambda, a nested function or a "
+                         f"notebook cell); record() draws any function on the simulator")
+    return os.path.realpath(path), name
+
+
+def _load(source):
+    """The function of :func:`_source`'s ``(file, name)``, loaded in this process."""
+    import importlib.util
+    path, name = source
+    spec = importlib.util.spec_from_file_location(f"_viz_real_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def _recording_comm(*args, clock, outs, seen, **kwargs):
     """A real door (:class:`collectives.p2p_communications.Comm`) that notes, before each post,
     the rank's buffers and what each message carries; the door itself still moves every byte.
-    Built in the worker, so the door's module is imported only where a real run happens."""
+    A wait that fails (the door's timeout, or a peer that gave up) leaves the message it was
+    waiting for in ``comm.stuck``: ``(kind, peer, step, nbytes)``, this rank's edge of the
+    wait-for graph. Built in the worker, so the door's module is imported only where a real
+    run happens."""
+    from ..errors import CollectiveError
     from ..p2p_communications import Comm
 
     class RecordingComm(Comm):
@@ -357,77 +389,138 @@ def _recording_comm(*args, clock, outs, **kwargs):
                 if t.numel():
                     cell = _cell(t, outs)
                     self.received.append((step, peer, cell))
-            return super().post(step, sends, recvs, tagged)
+            pending = super().post(step, sends, recvs, tagged)
+            entries = [(kind, peer, nbytes) for _, kind, peer, nbytes in pending.entries]
+            wait = pending.wait
+
+            def watched_wait():
+                before = len(seen)
+                try:
+                    wait()
+                except CollectiveError:
+                    # the door reports each message of a post as its wait ends, in post order:
+                    # the first one not reported is the one this rank could not finish
+                    kind, peer, nbytes = entries[min(len(seen) - before, len(entries) - 1)]
+                    self.stuck = (kind, peer, step, nbytes)
+                    raise
+            pending.wait = watched_wait
+            return pending
 
     comm = RecordingComm(*args, **kwargs)
-    comm.sent, comm.received = [], []
+    comm.sent, comm.received, comm.stuck = [], [], None
     return comm
 
 
-def _real_rank(rank, n, collective, name, root, mode):
-    """One rank of :func:`record_real`: run the algorithm once on the real door, watched, and
-    gather what it saw to rank 0."""
+def _real_rank(rank, n, collective, name, root, mode, source):
+    """One rank of :func:`record_real`: run the algorithm (registered, or loaded from
+    ``source``) once on the real door, watched, and return what it saw to the launcher.
+
+    A wait that fails at the door (its timeout: the world hangs) ends the rank's run, not the
+    rank: what it finished, its buffers as they froze and the message it waited for are
+    returned, so the page can draw the hang. Any other error fails the world as usual."""
     import time
 
     import torch.distributed as dist
-    fn = REGISTRY[collective][name]
+
+    from ..errors import CollectiveError
+    fn = REGISTRY[collective][name] if source is None else _load(source)
     args, outs, expect = inputs(collective, rank, n, root, mode, "cpu")
-    clock, notes = _Clock(rank, n), []
-    comm = _recording_comm(None, collective, name, clock=clock, outs=outs)
+    clock, notes, seen = _Clock(rank, n), [], observers.Trace()
+    comm = _recording_comm(None, collective, name, clock=clock, outs=outs, seen=seen)
     if collective in REDUCING:
         args.append(Provenance(mode, clock, rank, notes))
-    seen = observers.Trace()
     dist.barrier()       # the ranks start together, so one clock (time.time, one host) serves all
     clock.t0 = time.time()
+    stuck = None
     with observers.observing(seen), observers.count_traffic() as counted:
-        if n == 1:
-            local(collective, args)
-        else:
-            fn(comm, *args)
+        try:
+            if n == 1:
+                local(collective, args)
+            else:
+                fn(comm, *args)
+        except CollectiveError as exc:
+            if comm.stuck is None:      # not a wait that never ended: the world failed
+                raise
+            kind, peer, step, nbytes = comm.stuck
+            stuck = dict(kind=kind, peer=peer, step=step, nbytes=nbytes, error=str(exc).splitlines()[0])
     ended = time.time()
-    mine = dict(t0=clock.t0, end=ended, traffic=[counted.sent_bytes, counted.recv_bytes, counted.sent_messages,
+    return dict(t0=clock.t0, end=ended, traffic=[counted.sent_bytes, counted.recv_bytes, counted.sent_messages,
                                                  counted.recv_messages], sent=comm.sent, received=comm.received,
                 messages=[(m.kind, m.src, m.dst, m.step, m.nbytes, m.start, m.end) for m in seen.messages],
                 snapshots=clock.snapshots[rank], final=[int(x) for t in outs for x in t.tolist()], want=expect,
                 notes=[(t, r, _cell(acc, outs), [i for i, b in enumerate(both.tolist()) if b], s, v.tolist())
-                       for t, r, acc, both, s, v in notes])
-    everyone = [None] * n if rank == 0 else None
-    dist.gather_object(mine, everyone, dst=0)
-    return everyone
+                       for t, r, acc, both, s, v in notes], stuck=stuck)
 
 
-def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT):
+def _hang(ranks, collective, name, hang):
+    """The failure a real run's hang is drawn as (the simulator's deadlock, in its shape), from
+    the message each stuck rank waited for; None if no rank was stuck.
+
+    Each stuck rank waits for one peer (the other end of the message its wait was on): the
+    simulator's own analysis (:func:`collectives.sim.deadlock.analyse`) walks those edges to the
+    cycle, or to a rank that finished without posting the other end."""
+    from types import SimpleNamespace as Plain
+
+    from ..sim.deadlock import analyse
+    ends = {r: Plain(rank=r, collective=collective, algorithm=name, done=False, **{k: got["stuck"][k] for k in
+                                                                                   ("kind", "peer", "step", "nbytes")})
+            for r, got in enumerate(ranks) if got["stuck"]}
+    if not ends:
+        return None
+    unmatched = {}
+    for r, e in ends.items():
+        unmatched.setdefault((r, e.peer) if e.kind == "send" else (e.peer, r), []).append(e)
+    world = Plain(unmatched=unmatched, ranks=[Plain(finished=got["stuck"] is None) for got in ranks])
+    kind, cycle, report = analyse(world, [Plain(id=r, waiting=[e]) for r, e in ends.items()])
+    return {"kind": "deadlock", "type": kind,
+            "report": f"{report}\n  (a real run: each rank above waited {hang:g} s at the door, gloo processes)",
+            "cycle": [dict(rank=int(r), kind=end.kind, peer=int(end.peer), step=int(end.step), nbytes=int(end.nbytes))
+                      for r, end in cycle]}
+
+
+def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT, hang=REAL_HANG):
     """Run ``algorithm`` of ``collective`` in a real world of ``world_size`` processes (gloo, one
     host, one thread each) with :func:`record`'s provenance inputs, and return the run in
     :func:`record`'s shape, so :func:`collectives.viz.model.build` draws it the same way.
 
+    ``algorithm`` is a registered name or a function with the algorithm modules' signature
+    (the learner's own): a function is loaded in each process from the file that defines it
+    (it must be at the top level of a .py file).
+
     Each rank watches its own door (a :class:`collectives.observers.Trace` for the door's own
-    messages and times, and what each post carried, read before the post); rank 0 gathers
-    them. A message's ``start`` is the later of its two posts and its ``end`` the later of the
-    two sides' completions, in seconds of wall clock after the ranks left a barrier together:
-    the page's time axis is measured, not simulated (``clock="measured"``).
+    messages and times, and what each post carried, read before the post) and returns it to
+    the launcher. A message's ``start`` is the later of its two posts and its ``end`` the later
+    of the two sides' completions, in seconds of wall clock after the ranks left a barrier
+    together: the page's time axis is measured, not simulated (``clock="measured"``).
     ``traffic`` holds each rank's own ``count_traffic`` figures, counted in its process
     (sent bytes, received bytes, sent messages, received messages).
 
+    A world whose ranks wait at the door for ``hang`` seconds (``COLLECTIVES_TIMEOUT`` in the
+    processes) is drawn as the simulator draws a deadlock: ``failure`` holds the ranks' wait-for
+    cycle (or the finished rank they wait for), built from the message each rank waited for,
+    and the page freezes at the messages each rank finished.
+
     Raises:
-        ValueError: unknown collective or algorithm (only registered names run in processes),
-            ``world_size`` < 1 or above :data:`REAL_RANKS`, root out of range.
+        ValueError: unknown collective or algorithm, a function not defined at the top level
+            of a file, ``world_size`` < 1 or above :data:`REAL_RANKS`, root out of range,
+            ``hang`` not below ``timeout``.
         TimeoutError: the world did not finish within ``timeout`` seconds (every process killed).
+        collectives.tools.launch.WorldError: a rank failed otherwise (the launcher's verdict).
     """
     name, fn = resolve_algorithm(collective, algorithm)
-    if callable(algorithm):
-        raise ValueError("record_real runs registered algorithms only (a function is sent to the "
-                         "processes by name); record() draws your own function on the simulator")
     n = _checked_world(world_size, collective, root, REAL_RANKS,
                        f"a real run is drawn with its chunks, so at most {REAL_RANKS} processes; record() "
                        f"draws larger worlds on the simulator")
+    source = _source(fn) if callable(algorithm) else None
+    if not 0 < hang < timeout:
+        raise ValueError(f"hang={hang!r} s must be positive and below the world's timeout ({timeout!r} s)")
     from ..tools.launch import run_in_group
     spec = topologies.load("ethernet-100g")     # flat: each rank's port in and out, as on one host
     fabric = topologies.build(spec, n)
     mode = mode_for(n)
-    ranks = run_in_group(_real_rank, n, collective, name, root, mode, backend="gloo", threads=1,
+    ranks = run_in_group(_real_rank, n, collective, name, root, mode, source, backend="gloo", threads=1,
                          timeout=timeout, start_method="forkserver", preload=[__name__],
-                         env={"COLLECTIVES_TIMEOUT": str(max(5, int(timeout) // 2))})[0]
+                         env={"COLLECTIVES_TIMEOUT": f"{hang:g}"})
     t0 = min(r["t0"] for r in ranks)
     # pair each side's k-th message of (src, dst, step): the door reports them in post order
     sends, recvs = {}, {}
@@ -445,7 +538,7 @@ def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT)
             else:
                 recvs.setdefault((src, dst, step), []).append((start, end, landed[(step, src)].pop(0)))
     messages = []
-    for k, out in sends.items():
+    for k, out in sends.items():     # a message both sides finished (a hang leaves halves)
         for (nbytes, s0, e0, cell, cells, values), (s1, e1, dcell) in zip(out, recvs.get(k, [])):
             src, dst, step = k
             messages.append(dict(src=src, dst=dst, step=step, nbytes=nbytes, start=max(s0, s1) - t0,
@@ -457,6 +550,7 @@ def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT)
     return dict(kind="collective", collective=collective, algorithm=name, n=n, root=root, mode=mode,
                 topology=spec, fabric=fabric, messages=messages, snapshots=snapshots,
                 final=[got["final"] for got in ranks], want=[got["want"] for got in ranks], notes=notes,
-                failure=None, clock="measured", traffic=[got["traffic"] for got in ranks],
+                failure=_hang(ranks, collective, name, hang), clock="measured",
+                traffic=[got["traffic"] for got in ranks],
                 title=f"{collective} / {name} on {n} ranks: a real run (gloo, {n} processes on one host)",
                 time=max([got["end"] - t0 for got in ranks] + [m["end"] for m in messages] + [0.0]))

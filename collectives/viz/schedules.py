@@ -154,7 +154,6 @@ def pipeline(p, m, schedule="1f1b", activation_bytes=4096):
         t += 1
     makespan, slots = t, p * t
     busy = len(work)
-    held = [[0] * p for _ in range(makespan + 1)]
     peak = [0] * p
     for s in range(p):
         live = 0

@@ -1032,20 +1032,31 @@ def listing():
 HTML_COLLECTIVE = {"sim_all_reduce": "all_reduce"}
 
 
-def draw(name, solution, path, world_size=4):
+def draw(name, solution, path, world_size=4, real=False, hang_seconds=None):
     """Draw the learner's run beside the reference's (``collectives.viz.side_by_side``) in ``path``;
-    return what to print: where the page is, and what it shows went wrong."""
+    return what to print: where the page is, and what it shows went wrong.
+
+    ``real``: both runs in real processes (gloo, one host) instead of the simulator; a rank that
+    waits ``hang_seconds`` for a message is drawn as a deadlock. A real world that fails
+    otherwise writes nothing, and what is returned says why (the launcher's verdict)."""
     from collectives import viz
+    from collectives.tools.launch import WorldError
     from tutorials.exercises._common import load
 
     source, shown, tmp = resolve(name, solution)
     fn = load(name, source)
-    written, data = viz.side_by_side(HTML_COLLECTIVE[name], fn, world_size, path)
-    lines = [f"Drawn: {written} ({shown} on {world_size} ranks, beside the reference)."]
+    hang = viz.record.REAL_HANG if hang_seconds is None else hang_seconds
+    try:
+        written, data = viz.side_by_side(HTML_COLLECTIVE[name], fn, world_size, path, real=real, hang=hang)
+    except (WorldError, TimeoutError) as exc:
+        return f"Not drawn: the real run of {shown} on {world_size} ranks failed, nothing written:\n{exc}"
+    how = "real processes (gloo)" if real else "the simulator"
+    lines = [f"Drawn: {written} ({shown} on {world_size} ranks in {how}, beside the reference)."]
     if data.get("failure"):
-        lines.append(f"  The page shows the deadlock: {data['failure']}")
+        report = data["failure"]["report"].replace("\n", "\n    ")
+        lines.append(f"  The page shows the deadlock:\n    {report}")
     if data.get("wrong"):
-        lines.append(f"  The page marks the first wrong chunk: {data['wrong']}")
+        lines.append(f"  The page marks the first wrong chunk: {data['wrong']['text']}")
     return "\n".join(lines)
 
 
@@ -1073,6 +1084,10 @@ def main(argv=None):
                         help="also draw your run beside the reference's in FILE (collectives.viz.side_by_side; "
                              "for exercises written against the door: " + ", ".join(HTML_COLLECTIVE) + ")")
     parser.add_argument("--html-ranks", type=int, default=4, help="ranks in the drawing")
+    parser.add_argument("--real", action="store_true",
+                        help="with --html: draw both runs from real processes (gloo, one host) instead of the "
+                             "simulator; a rank that waits --hang-seconds for a message (default 10) draws a "
+                             "deadlock")
     args = parser.parse_args(argv)
     if args.step is not None:
         steps = LADDERS.get(args.name)
@@ -1081,6 +1096,8 @@ def main(argv=None):
         if not 1 <= args.step <= len(steps):
             parser.error(f"{args.name} has steps 1 to {len(steps)}")
         args.name = steps[args.step - 1]
+    if args.real and not args.html:
+        parser.error("--real says how --html draws (real processes); give --html FILE too")
     if args.html and args.name not in HTML_COLLECTIVE:
         parser.error(f"--html draws exercises written against the door ({', '.join(HTML_COLLECTIVE)}); "
                      f"{args.name} runs in worlds of processes")
@@ -1092,7 +1109,8 @@ def main(argv=None):
     verdict = grade(args.name, args.solution, quick=args.quick, hang_seconds=args.hang_seconds,
                     world_sizes=args.worlds)
     if args.html:
-        print(draw(args.name, args.solution, args.html, args.html_ranks))
+        print(draw(args.name, args.solution, args.html, args.html_ranks, real=args.real,
+                   hang_seconds=args.hang_seconds))
     return 0 if verdict.passed else 1
 
 
