@@ -13,7 +13,10 @@ Three tables, each against the same call without the disturbance, in the same ru
    rank 0 (the trees' root);
 2. a late rank (``delays={1: 100 us}``): it enters the call 100 us after the others;
 3. jitter (``jitter``: each message's latency gets an exponential extra, mean 10% of the
-   topology's alpha), over 5 seeds: the mean and the range of the time.
+   topology's alpha), over 5 seeds: the mean and the range of the time;
+4. a slow NIC (``slow_links={1: 4}``: rank 1's links carry a quarter of their bandwidth,
+   their latency unchanged) beside a slow host of the same factor (``stragglers={1: 4}``):
+   the NIC slows bytes, the host messages, so which one hurts depends on the size.
 
 Every figure is simulated time; nothing here depends on this machine's load.
 """
@@ -28,6 +31,7 @@ ALGORITHMS = ("ring", "tree", "recursive_doubling")
 FACTOR = 2.0
 LATE = 100e-6
 SEEDS = range(5)
+NIC = 4.0
 
 
 def time_of(algorithm, n, size, spec, **noise):
@@ -79,6 +83,21 @@ def jitter(ranks, sizes, spec, mean):
                       f"{us(min(ts)):>10} {us(max(ts)):>10}")
 
 
+def slow_nic(ranks, sizes, spec):
+    print(f"\n4. Rank 1's NIC {NIC:g}x slower (bandwidth / {NIC:g}, latency unchanged) beside rank 1 a "
+          f"{NIC:g}x slower host, simulated time in us")
+    print(f"{'ranks':>6} {'size':>6} {'algorithm':<19} {'none':>10} {'slow NIC':>10} {'x':>6} "
+          f"{'slow host':>10} {'x':>6}")
+    for n in ranks:
+        for size in sizes:
+            for a in ALGORITHMS:
+                base = time_of(a, n, size, spec)
+                nic = time_of(a, n, size, spec, slow_links={1: NIC})
+                host = time_of(a, n, size, spec, stragglers={1: NIC})
+                print(f"{n:>6} {human(size):>6} {a:<19} {us(base):>10} {us(nic):>10} {nic / base:>6.2f} "
+                      f"{us(host):>10} {host / base:>6.2f}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.sim_stragglers", description=__doc__.split("\n\n")[0])
     p.add_argument("--world-size", type=world_sizes, default=[16, 64], help="default 16,64")
@@ -93,6 +112,7 @@ def main(argv=None):
     slow_rank(args.world_size, sizes, spec)
     late_rank(args.world_size, sizes, spec)
     jitter(args.world_size, sizes, spec, 0.1 * spec["alpha"])
+    slow_nic(args.world_size, sizes, spec)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Usage::
 
     python -m benchmarks.sim_vs_simgrid                       # N=4..64, flat, fat tree, torus
     python -m benchmarks.sim_vs_simgrid --world-size 8 --topology flat -b 4K -e 4K
+    python -m benchmarks.sim_vs_simgrid --world-size 8,16 --topology flat -b 4K -e 16M -f 4096 \
+        --case all_reduce/ring,all_reduce/recursive_doubling --straggler 3:2 --slow-link 5:4
 
 For every point (collective/algorithm, topology, N, size) it simulates one call on
 ``device="meta"`` tensors with ``schedule=True`` (each rank's posts, waits and compute, in
@@ -19,6 +21,15 @@ SimGrid's network has no per-message gap or CPU overhead): a message costs its r
 then its bytes flow over its links, shared max-min fairly with the other flows (SimGrid's CM02,
 cross-traffic off). So the two must agree to rounding wherever ours is right; a ratio away from
 1 is a difference of model (or a bug) to explain, never to tune away.
+
+A perturbed world (``--straggler RANK:FACTOR``, ``--straggler RANK:+SECONDS``, ``--slow-link
+RANK:FACTOR``, as ``python -m collectives.sim`` takes them; :mod:`collectives.sim.world` defines
+them) reaches SimGrid as ours sees it: a slow host's CPU work and a late rank's delay are in
+the schedule already (its ``busy`` entries), a slow host's latency factor multiplies the
+latency of every route it ends (the larger of the two ends' factors, as ours does; the gap
+it would also multiply is 0 in this model), and a slow NIC's links get their divided
+capacity (:func:`collectives.sim.world.slowed`). So the two simulators play the same
+perturbed world, and a ratio away from 1 there is again a difference of model.
 
 Topologies (ours; SimGrid gets the same links and routes): ``flat`` (ethernet-100g: 10 us,
 12.5 GB/s per direction), ``fat-tree`` (ethernet-100g's figures, 4 ranks per leaf, uplinks
@@ -36,6 +47,8 @@ import time
 from benchmarks import common
 from collectives.sim import simulate
 from collectives.sim import topology as topologies
+from collectives.sim.cli import slow_link, straggler
+from collectives.sim.world import slowed
 from collectives.tools.sizes import human, parse_size, sizes
 
 PYTHON = "/usr/bin/python3"
@@ -76,36 +89,43 @@ def spec_for(name, n):
     return topologies.validate(dict(spec, model="alpha-beta"))
 
 
-def job(spec, n, schedule):
-    """What the player needs: link capacities, the routes the schedule uses, the schedule."""
+def job(spec, n, schedule, stragglers=None, slow_links=None):
+    """What the player needs: link capacities, the routes the schedule uses, the schedule; a
+    slow NIC's links divided (``slow_links``), a slow host's routes' latency multiplied by the
+    larger of the two ends' factors (``stragglers``), as :meth:`World._match` does."""
     fabric = topologies.build(spec, n)
+    slow = stragglers or {}
     pairs = sorted({(r, peer) for r, ops in enumerate(schedule) for op in ops if op[0] == "post"
                     for kind, peer, _, _ in op[1] if kind == "send"})
     routes = []
     for src, dst in pairs:
         links, alpha = fabric.route(src, dst)
+        if slow:
+            alpha *= max(float(slow.get(src, 1.0)), float(slow.get(dst, 1.0)))
         routes.append([src, dst, alpha, list(links)])
-    return {"links": list(fabric.capacity), "routes": routes, "schedule": schedule}
+    return {"links": list(slowed(fabric, slow_links)), "routes": routes, "schedule": schedule}
 
 
-def play(spec, n, schedule, python=PYTHON, timeout=600):
-    """Each rank's end time in SimGrid for ``schedule`` on ``spec``."""
-    out = subprocess.run([python, PLAYER], input=json.dumps(job(spec, n, schedule)), capture_output=True,
-                         text=True, timeout=timeout)
+def play(spec, n, schedule, python=PYTHON, timeout=600, stragglers=None, slow_links=None):
+    """Each rank's end time in SimGrid for ``schedule`` on ``spec`` (perturbed as ``job`` says)."""
+    out = subprocess.run([python, PLAYER], input=json.dumps(job(spec, n, schedule, stragglers, slow_links)),
+                         capture_output=True, text=True, timeout=timeout)
     if out.returncode:
         raise RuntimeError(f"simgrid_player failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout)["ranks"]
 
 
-def compare(collective, algorithm, topology, n, nbytes, python=PYTHON):
+def compare(collective, algorithm, topology, n, nbytes, python=PYTHON, stragglers=None, delays=None,
+            slow_links=None):
     """One point: a row with our time, SimGrid's and the worst per-rank ratio."""
     spec = spec_for(topology, n)
     t0 = time.process_time()
-    r = simulate(collective, algorithm, n, nbytes, spec, schedule=True)
+    r = simulate(collective, algorithm, n, nbytes, spec, schedule=True, stragglers=stragglers, delays=delays,
+                 slow_links=slow_links)
     ours_cpu = time.process_time() - t0
     ours = [x["time"] for x in r.ranks]
     t0 = time.perf_counter()
-    theirs = play(spec, n, r.schedule, python)
+    theirs = play(spec, n, r.schedule, python, stragglers=stragglers, slow_links=slow_links)
     theirs_wall = time.perf_counter() - t0
     worst = max(abs(a / b - 1) if b > 0 else abs(a - b) for a, b in zip(ours, theirs))
     return {"collective": collective, "algorithm": algorithm, "topology": topology, "world_size": n,
@@ -123,6 +143,11 @@ def parser():
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4K"))
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("4M"))
     p.add_argument("-f", "--stepfactor", type=int, default=1024)
+    p.add_argument("--straggler", type=straggler, action="append", default=[], metavar="RANK:FACTOR",
+                   help="that rank a host FACTOR times slower (RANK:+SECONDS: that many seconds late), "
+                        "in both simulators; repeatable")
+    p.add_argument("--slow-link", type=slow_link, action="append", default=[], metavar="RANK:FACTOR",
+                   help="that rank's links at 1/FACTOR of their bandwidth, in both simulators; repeatable")
     p.add_argument("--python", default=PYTHON, help="the python that imports simgrid (default /usr/bin/python3)")
     p.add_argument("--out", default=os.path.join(common.OUT_DIR, "sim_vs_simgrid"))
     return p
@@ -139,13 +164,26 @@ def main(argv=None):
     if any(len(c) != 2 for c in cases):
         print("sim_vs_simgrid: --case takes collective/algorithm, e.g. all_reduce/ring", file=sys.stderr)
         return 2
+    for rank in [r for r, _, _ in args.straggler] + [r for r, _ in args.slow_link]:
+        if rank >= min(args.world_size):
+            print(f"sim_vs_simgrid: --straggler/--slow-link names rank {rank}, but --world-size "
+                  f"{min(args.world_size)} has ranks 0..{min(args.world_size) - 1}", file=sys.stderr)
+            return 2
+    noise = {"stragglers": {r: x for r, how, x in args.straggler if how == "factor"} or None,
+             "delays": {r: x for r, how, x in args.straggler if how == "delay"} or None,
+             "slow_links": dict(args.slow_link) or None}
+    perturbed = ", ".join([f"rank {r} a {x:g}x slower host" for r, x in (noise["stragglers"] or {}).items()]
+                          + [f"rank {r} {x * 1e6:g} us late" for r, x in (noise["delays"] or {}).items()]
+                          + [f"rank {r}'s links at 1/{x:g} of their bandwidth"
+                             for r, x in (noise["slow_links"] or {}).items()])
     ok, version = available(args.python)
     if not ok:
         print(f"sim_vs_simgrid: skipped: {version}")
         return 0
     points = sizes(args.minbytes, args.maxbytes, args.stepfactor, args.minbytes)
     print(f"# sim_vs_simgrid: collectives.sim against SimGrid {version} (CM02 max-min, no cross-traffic), "
-          f"alpha-beta model on both; load average {os.getloadavg()[0]:.1f}")
+          f"alpha-beta model on both; load average {os.getloadavg()[0]:.1f}"
+          + (f"; perturbed: {perturbed}" if perturbed else ""))
     print(f"{'case':<30} {'topology':<9} {'N':>4} {'size':>7} {'ours(us)':>12} {'simgrid(us)':>12} "
           f"{'ratio':>9} {'worst rank':>11}")
     rows = []
@@ -153,7 +191,7 @@ def main(argv=None):
         for topology in tops:
             for n in args.world_size:
                 for nbytes in points:
-                    row = compare(collective, algorithm, topology, n, nbytes, args.python)
+                    row = compare(collective, algorithm, topology, n, nbytes, args.python, **noise)
                     rows.append(row)
                     print(f"{collective + '/' + algorithm:<30} {topology:<9} {n:>4} {human(row['bytes']):>7} "
                           f"{row['ours_us']:>12.3f} {row['simgrid_us']:>12.3f} {row['ratio']:>9.6f} "
@@ -162,7 +200,9 @@ def main(argv=None):
     worst = max(r["worst_rank_error"] for r in rows)
     print(f"\nsim_vs_simgrid: {len(rows)} points, ratio ours/SimGrid {min(ratios):.6f} .. {max(ratios):.6f}, "
           f"worst per-rank |error| {worst:.2e}")
-    common.write_rows(args.out, "sim_vs_simgrid", rows, {"simgrid": version})
+    common.write_rows(args.out, "sim_vs_simgrid", rows, {"simgrid": version, "perturbed": perturbed,
+                                                         **{k: {str(r): x for r, x in v.items()}
+                                                            for k, v in noise.items() if v}})
     return 0
 
 

@@ -8,7 +8,11 @@ rounding: 1e-9 relative (SimGrid runs here with its time precision at 1e-13 s; t
 difference measured by ``python -m benchmarks.sim_vs_simgrid`` on flat and fat tree was 4e-15). Where flows of different route latencies share a link (a torus, whose
 routes cost 0.1 us more per hop), CM02 weights each flow's share by 1 / its latency (TCP's
 round-trip unfairness) and ours does not: there the test only bounds the difference, and
-states it (``test_torus_shares_differ_by_latency_weighting``).
+states it (``test_torus_shares_differ_by_latency_weighting``). The same holds in a perturbed
+world (a slow host, a late rank, a slow NIC: ``job`` hands each to SimGrid): exact where the
+flows sharing a link have equal latencies, and where a slow host's longer latency shares a
+link with others, the difference CM02's weighting makes, in closed form
+(``test_a_slow_hosts_longer_latency_loses_it_a_share_in_simgrid``).
 """
 import pytest
 
@@ -71,3 +75,39 @@ def test_max_min_sharing_agrees_with_simgrid(name, n, pairs, sizes):
     spec = dict(peer.spec_for("fat-tree", n), ranks_per_leaf=3, oversubscription=6)
     ours, theirs = agree(spec, n, "all_reduce", flows(pairs, sizes), 1 << 18)
     assert ours == pytest.approx(theirs, rel=EXACT, abs=0)
+
+
+PERTURBED = dict(stragglers={2: 2.0}, delays={0: 3e-6}, slow_links={4: 4.0})
+
+
+@pytest.mark.parametrize("algorithm, nbytes", [("ring", 4096), ("recursive_doubling", 1 << 20)])
+def test_a_perturbed_world_ends_when_simgrid_says(algorithm, nbytes):
+    """A slow host, a late rank and a slow NIC reach SimGrid (``job``): the two agree to
+    rounding, and SimGrid played without the perturbation would not."""
+    n, spec = 5, peer.spec_for("flat", 5)
+    r = simulate("all_reduce", algorithm, n, nbytes, spec, schedule=True, **PERTURBED)
+    ours = [x["time"] for x in r.ranks]
+    theirs = peer.play(spec, n, r.schedule, stragglers=PERTURBED["stragglers"],
+                       slow_links=PERTURBED["slow_links"])
+    assert ours == pytest.approx(theirs, rel=EXACT, abs=0)
+    unperturbed = peer.play(spec, n, r.schedule)          # the late rank's delay alone is in the schedule
+    assert max(unperturbed) < max(theirs) * (1 - 1e-3)
+
+
+def test_a_slow_hosts_longer_latency_loses_it_a_share_in_simgrid():
+    """Linear broadcast of S on 4 ranks, rank 3 a host twice as slow: its message's latency is
+    2 alpha, the others' alpha, and all three leave by the root's uplink. Ours shares it
+    equally among the flows on it; CM02 in proportion to 1 / latency, so rank 3 gets half the
+    share of each other flow there and ranks 1 and 2 end sooner. The call ends at the same time
+    in both: the uplink is busy until the last byte is out."""
+    n, size = 4, 1 << 20
+    spec = peer.spec_for("flat", n)
+    r = simulate("broadcast", "linear", n, size, spec, schedule=True, stragglers={3: 2.0})
+    ours = [x["time"] for x in r.ranks]
+    theirs = peer.play(spec, n, r.schedule, stragglers={3: 2.0})
+    alpha, b = spec["alpha"], spec["bandwidth"]
+    early = alpha * b / 2                                   # bytes each fast flow moves before rank 3's starts
+    assert ours[1] == ours[2] == pytest.approx(2 * alpha + (size - early) * 3 / b, rel=EXACT)
+    assert theirs[1] == theirs[2] == pytest.approx(2 * alpha + (size - early) * 2.5 / b, rel=EXACT)
+    assert max(ours) == pytest.approx(max(theirs), rel=EXACT)
+    assert max(ours) == pytest.approx(alpha + 3 * size / b, rel=EXACT)

@@ -10,9 +10,12 @@ from the same ``random.Random(seed)``.
 import io
 import json
 import random
+import re
 
 import pytest
+import torch
 
+from collectives import count_traffic
 from collectives.sim import simulate, topology
 from collectives.sim import cli
 
@@ -129,7 +132,8 @@ def test_a_world_reports_its_progress_every_thousand_events():
     assert seen, "2 N (N-1) = 1,984 messages take more than 1,024 events"
     assert all(w == n and 0 <= f <= n for _, f, w in seen)
     done = [m for m, _, _ in seen]
-    assert done == sorted(done) and 0 < done[-1] <= 2 * n * (n - 1)
+    assert done == sorted(done)
+    assert seen[-1] == (2 * n * (n - 1), n, n), "the last word: every message, every rank"
 
 
 ARGV = ["--algorithm", "ring,tree", "--world-size", "2,16", "-b", "1K", "-e", "4K"]
@@ -142,7 +146,7 @@ def test_progress_on_stderr_for_a_long_run_and_none_for_a_short_one(capsys):
     assert len(lines) >= 8 and "\r" not in err           # not a terminal: plain lines
     assert lines[0].startswith("collectives.sim: point 1 of 8, all_reduce/ring, 2 ranks, 1K: ")
     assert any(line.startswith("collectives.sim: point 8 of 8, all_reduce/tree, 16 ranks, 4K: ") for line in lines)
-    assert "messages done" in err and "ranks finished" in err
+    assert "messages 0 of at most " in err and "ranks finished" in err
     assert "progress" not in out and "point 1" not in out
     assert cli.main(ARGV) == 0                                      # under 2 s: nothing
     short_out, short_err = capsys.readouterr()
@@ -158,12 +162,104 @@ def test_on_a_terminal_progress_is_one_line_rewritten_in_place():
 
     stream = Tty()
     p = cli.Progress(stream, 2, after=0.0, every=0.0)
-    p.point("all_reduce/ring, 8 ranks, 4K", 8)
+    p.point("all_reduce/ring, 8 ranks, 4K", 8, lambda: 112)
     p.tick(10, 0, 8)
     p.clear()
     text = stream.getvalue()
     assert text.count("\r") == 3 and "\n" not in text and text.endswith("\r\x1b[K")
-    assert "point 1 of 2, all_reduce/ring, 8 ranks, 4K: 10 messages done, 0/8 ranks finished" in text
+    assert "point 1 of 2, all_reduce/ring, 8 ranks, 4K: messages 10 of at most 112, 0/8 ranks finished" in text
     quiet = Tty()
     cli.Progress(quiet, 2, after=60.0).point("x", 8)            # before `after`: nothing
     assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("collective, algorithm, n, exact", [
+    ("all_reduce", "ring", 5, True), ("all_to_all", "linear", 3, True), ("all_reduce", "ring", 1, True),
+    ("all_reduce", "tree", 6, False), ("broadcast", "linear", 4, False)])
+def test_progress_says_how_many_messages_a_point_sends_at_most(capsys, tmp_path, collective, algorithm, n, exact):
+    """The last line of a point counts every message it sent, counted apart here by
+    ``count_traffic``; its bound (N x cost()'s busiest rank) is that count where every rank
+    sends alike, and above it where they do not."""
+    argv = ["--collective", collective, "--algorithm", algorithm, "--world-size", str(n), "-b", "4K", "-e", "4K"]
+    with count_traffic() as traffic:
+        assert cli.main(argv, progress_after=0.0, progress_every=0.0) == 0
+    last = capsys.readouterr().err.splitlines()[-1]
+    done, bound = (int(x.replace(",", "")) for x in re.search(r"messages ([\d,]+) of at most ([\d,]+),", last).groups())
+    assert done == traffic.sent_messages and f"{n}/{n} ranks finished" in last
+    assert bound == done if exact else bound > done
+    with count_traffic() as again:        # a learner's function has no cost(): the count alone
+        mine = tmp_path / "mine.py"
+        mine.write_text(f"from collectives.algorithms.{collective}_{algorithm} import {collective}\n")
+        assert cli.main(argv[:2] + ["--function", str(mine)] + argv[4:], progress_after=0.0, progress_every=0.0) == 0
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert f": {again.sent_messages:,} messages done, {n}/{n} ranks finished" in last
+
+
+def swap(comm, tensor, op):
+    """One message each way between ranks 0 and 1, nothing else: the time is one message's."""
+    other = torch.empty_like(tensor)
+    comm.sendrecv(tensor, 1 - comm.rank, other, 1 - comm.rank, 0)
+
+
+@pytest.mark.parametrize("preset, latency, bandwidth", [
+    ("ethernet-100g", "alpha", "bandwidth"), ("h100-cluster", "intra_alpha", "intra_bandwidth"),
+    ("torus-2x1", "alpha+hop", "bandwidth")])
+@pytest.mark.parametrize("factor", [1.0, 4.0, 2.5])
+@pytest.mark.parametrize("slow", [0, 1])
+def test_a_slow_link_divides_the_bandwidth_of_a_message_and_not_its_latency(preset, latency, bandwidth,
+                                                                           factor, slow):
+    spec = topology.load(preset)
+    alpha = sum(spec[k] for k in latency.split("+"))
+    t = simulate("all_reduce", swap, 2, S, preset, slow_links={slow: factor}).time
+    assert t == pytest.approx(alpha + S * factor / spec[bandwidth], rel=1e-12)
+
+
+@pytest.mark.parametrize("algorithm, n, preset", [("ring", 5, "h100-cluster"), ("tree", 7, "fat-tree"),
+                                                   ("recursive_doubling", 4, "torus-2x2")])
+def test_a_slow_link_of_factor_one_changes_nothing(algorithm, n, preset):
+    base = simulate("all_reduce", algorithm, n, 1 << 20, preset)
+    same = simulate("all_reduce", algorithm, n, 1 << 20, preset, slow_links={n - 1: 1.0, 0: 1})
+    assert same.time == base.time and times(same) == times(base)
+    slower = simulate("all_reduce", algorithm, n, 1 << 20, preset, slow_links={n - 1: 2.0})
+    assert slower.time > base.time
+
+
+def test_a_slow_link_slows_bytes_where_a_straggler_slows_messages():
+    """At 4 KiB a ring's time is its 2(N-1) latencies: a straggler of factor 4 on one rank
+    multiplies them, a NIC 4x slower hardly shows; at 16 MiB it is the bytes, the other way round."""
+    n, f = 8, 4.0
+    base = {s: simulate("all_reduce", "ring", n, s, "ethernet-100g").time for s in (S, 16 << 20)}
+    nic = {s: simulate("all_reduce", "ring", n, s, "ethernet-100g", slow_links={3: f}).time for s in base}
+    host = {s: simulate("all_reduce", "ring", n, s, "ethernet-100g", stragglers={3: f}).time for s in base}
+    assert nic[S] / base[S] < 1.2 < 2 < host[S] / base[S]
+    assert host[16 << 20] / base[16 << 20] < 1.2 < 2 < nic[16 << 20] / base[16 << 20]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(slow_links={4: 2.0}), r"slow_links: rank 4 is not a rank of 0\.\.3"),
+    (dict(slow_links={1: 0.5}), r"slow_links: rank 1's 0.5 is not a bandwidth divisor >= 1"),
+    (dict(slow_links={1: float("inf")}), r"rank 1's inf is not a bandwidth divisor >= 1"),
+    (dict(slow_links={1: float("nan")}), r"rank 1's nan is not a bandwidth divisor >= 1"),
+    (dict(slow_links={1: "2"}), r"rank 1's '2' is not a bandwidth divisor"),
+    (dict(slow_links=[(1, 2.0)]), r"slow_links must be a dict"),
+])
+def test_a_bad_slow_link_raises_before_any_rank_runs(kw, match):
+    test_bad_noise_raises_before_any_rank_runs(kw, match)
+
+
+def test_the_command_line_takes_slow_links_and_refuses_bad_ones(capsys, tmp_path):
+    path = str(tmp_path / "rows.json")
+    argv = ["--algorithm", "ring", "--world-size", "4", "-b", "1M", "-e", "1M", "--json", path]
+    assert cli.main(argv + ["--slow-link", "1:4", "--slow-link", "2:2"]) == 0
+    with open(path) as f:
+        got = json.load(f)[0]["time_us"] * 1e-6
+    assert got == pytest.approx(simulate("all_reduce", "ring", 4, 1 << 20, "ethernet-100g",
+                                         slow_links={1: 4.0, 2: 2.0}).time, rel=1e-9)
+    capsys.readouterr()
+    assert cli.main(["--world-size", "4,8", "--slow-link", "5:2"]) == 2
+    assert "--slow-link names rank 5, but --world-size 4 has ranks 0..3" in capsys.readouterr().err
+    for bad in (["--slow-link", "1:0.5"], ["--slow-link", "1"], ["--slow-link", "1:inf"], ["--slow-link", "-1:2"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["--world-size", "4"] + bad)
+        assert exc.value.code == 2
+        assert "--slow-link" in capsys.readouterr().err

@@ -22,12 +22,17 @@ first world size and size).
 Stragglers and noise (:mod:`collectives.sim.world` defines them): ``--straggler RANK:FACTOR``
 makes that rank a host FACTOR times slower (its CPU work, and the latency and gap of every
 message it sends or receives; not the links' bandwidth), ``--straggler RANK:+SECONDS`` makes
-it enter every call SECONDS late; both repeatable. ``--jitter SECONDS`` adds to every
+it enter every call SECONDS late; both repeatable. ``--slow-link RANK:FACTOR`` (repeatable) is
+a slow NIC instead: that rank's links, both directions, carry 1/FACTOR of their bandwidth
+(FACTOR >= 1), their latency unchanged, so it slows bytes and not messages: a large call
+of a ring that crosses it at every step, a small one hardly. ``--jitter SECONDS`` adds to every
 message's latency an extra drawn from the exponential distribution of that mean, from
 ``--seed N`` (default 0): the same seed gives the same times.
 
 Progress: a run longer than about 2 s says on stderr how far it is (point k of n, the
-collective, algorithm, world size and size, messages done, ranks finished): one line
+collective, algorithm, world size and size, messages done of at most how many, ranks
+finished; the bound is N x the busiest rank's messages by the algorithm's ``cost()``,
+exact where every rank sends alike, as in a ring): one line
 rewritten in place at most 4 times a second when stderr is a terminal, else a line every 5 s.
 A shorter run prints nothing there; ``--quiet`` turns it off.
 
@@ -49,7 +54,7 @@ from .. import observers
 from ..algorithms import REGISTRY
 from ..tools.sizes import human, parse_size, sizes
 from . import topology as topologies
-from .collective import COLLECTIVES, ROOTED, busbw_factor, elements, simulate
+from .collective import COLLECTIVES, ROOTED, busbw_factor, call_bytes, elements, simulate
 from .deadlock import Deadlock
 from .world import SimulationError
 
@@ -85,6 +90,20 @@ def straggler(text):
     return rank, "delay" if late else "factor", x
 
 
+def slow_link(text):
+    """``RANK:FACTOR``: that rank's links carry 1/FACTOR of their bandwidth: (rank, factor)."""
+    rank, sep, value = str(text).partition(":")
+    try:
+        rank, x = int(rank), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--slow-link takes RANK:FACTOR (3:4, rank 3's links at a quarter "
+                                         f"of their bandwidth); got {text!r}") from None
+    if not sep or rank < 0 or not math.isfinite(x) or x < 1:
+        raise argparse.ArgumentTypeError(f"--slow-link {text}: the rank must be >= 0 and the factor a "
+                                         f"finite number >= 1 (it divides the bandwidth)")
+    return rank, x
+
+
 def seconds(text):
     try:
         x = float(text)
@@ -99,8 +118,8 @@ def seconds(text):
 class Progress:
     """How far a long run is, on ``stream`` (stderr): nothing for the first ``after`` seconds,
     then, at most every ``every`` seconds, one line rewritten in place on a terminal, or a
-    plain line otherwise. ``point`` names the point being run; ``tick`` is the world's
-    ``progress`` callback."""
+    plain line otherwise. ``point`` names the point being run and, where it can, how many
+    messages it sends at most; ``tick`` is the world's ``progress`` callback."""
 
     def __init__(self, stream, total, after=2.0, every=None):
         self.stream, self.total = stream, total
@@ -110,10 +129,15 @@ class Progress:
         self.next = self.begun + after
         self.k, self.what, self.since = 0, "", self.begun
         self.shown = False
+        self.bound = None
 
-    def point(self, what, n):
+    def point(self, what, n, bound=None):
+        """A new point: ``what`` names it; ``bound()``, if given, is the most messages it sends,
+        asked for only when a line is about to say it (a ring's count at 1,024 ranks takes
+        seconds: a point over before its first line never pays for it)."""
         self.k += 1
         self.what, self.since = what, time.monotonic()
+        self.bound = bound
         self.tick(0, 0, n)
 
     def tick(self, messages, finished, n):
@@ -121,7 +145,11 @@ class Progress:
         if now < self.next:
             return
         self.next = now + self.every
-        line = (f"collectives.sim: point {self.k} of {self.total}, {self.what}: {messages:,} messages done, "
+        if callable(self.bound):
+            self.bound = self.bound()
+        done = f"messages {messages:,} of at most {self.bound:,}" if self.bound is not None else \
+            f"{messages:,} messages done"
+        line = (f"collectives.sim: point {self.k} of {self.total}, {self.what}: {done}, "
                 f"{finished}/{n} ranks finished ({now - self.since:.0f} s on it, {now - self.begun:.0f} s in all)")
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K")
@@ -136,6 +164,21 @@ class Progress:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
             self.shown = False
+
+
+def messages_at_most(collective, algorithm, n, size, item):
+    """The most messages one call of a registered ``algorithm`` sends, all ranks together:
+    N x its ``cost()``'s busiest rank's count (``Cost.messages``). Exact where every rank
+    sends alike (a ring on at least N elements, all_to_all), above the count where the ranks
+    differ (a binomial tree's root sends log N, its leaves 1); None where there is no
+    ``cost()`` to ask (a learner's ``--function``). ``cost()`` tallies the schedule, so at N
+    ranks it takes about as long as the messages it counts take to add up, a small part of
+    the time they take to simulate."""
+    if algorithm not in REGISTRY[collective]:
+        return None
+    from ..algorithms import cost
+    e = elements(collective, size, n, item)
+    return n * cost(collective, algorithm, n, call_bytes(collective, e, n, item), item).messages
 
 
 def load_function(spec, collective):
@@ -202,6 +245,9 @@ def parser():
                    help="that rank is a host FACTOR times slower: its CPU work and the latency and gap of "
                         "its messages (not the links' bandwidth); RANK:+SECONDS: it enters every call "
                         "SECONDS late. Repeatable")
+    p.add_argument("--slow-link", type=slow_link, action="append", default=[], metavar="RANK:FACTOR",
+                   help="that rank's links (its NIC, both directions) carry 1/FACTOR of their bandwidth; "
+                        "latency, gap and CPU unchanged: a slow cable slows bytes, not messages. Repeatable")
     p.add_argument("--jitter", type=seconds, default=0.0, metavar="SECONDS",
                    help="every message's latency gets an extra drawn from the exponential distribution "
                         "of this mean (default 0)")
@@ -242,9 +288,10 @@ def plan(args):
     for n in args.world_size:
         if any(c in ROOTED for c in collectives_) and not 0 <= args.root < n:
             raise ValueError(f"--root {args.root} is out of range for --world-size {n}")
-        for rank, _, _ in args.straggler:
+        for flag, rank in [("--straggler", r) for r, _, _ in args.straggler] + \
+                [("--slow-link", r) for r, _ in args.slow_link]:
             if rank >= n:
-                raise ValueError(f"--straggler names rank {rank}, but --world-size {n} has ranks 0..{n - 1}")
+                raise ValueError(f"{flag} names rank {rank}, but --world-size {n} has ranks 0..{n - 1}")
         if args.check and n * max(points) * (n if any(c in ("all_to_all", "all_gather", "gather")
                                                         for c in collectives_) else 1) > CHECK_LIMIT:
             raise ValueError(f"--check keeps every rank's real tensors: {n} ranks x {human(max(points))} is "
@@ -253,10 +300,12 @@ def plan(args):
 
 
 def noise(args):
-    """simulate()'s keyword arguments for ``--straggler``, ``--jitter`` and ``--seed``."""
+    """simulate()'s keyword arguments for ``--straggler``, ``--slow-link``, ``--jitter`` and ``--seed``."""
     stragglers = {r: x for r, how, x in args.straggler if how == "factor"}
     delays = {r: x for r, how, x in args.straggler if how == "delay"}
-    return dict(stragglers=stragglers or None, delays=delays or None, jitter=args.jitter, seed=args.seed)
+    slow_links = dict(args.slow_link)
+    return dict(stragglers=stragglers or None, delays=delays or None, jitter=args.jitter, seed=args.seed,
+                slow_links=slow_links or None)
 
 
 def main(argv=None, progress_after=2.0, progress_every=None):
@@ -290,7 +339,9 @@ def main(argv=None, progress_after=2.0, progress_every=None):
                 results = []
                 for name, fn in algorithms:
                     if progress is not None:
-                        progress.point(f"{collective}/{name}, {n} ranks, {human(size)}", n)
+                        progress.point(f"{collective}/{name}, {n} ranks, {human(size)}", n,
+                                       (lambda c=collective, a=fn, n=n, s=size:
+                                        messages_at_most(c, a, n, s, item)) if isinstance(fn, str) else None)
                     try:
                         if not traced:
                             with observers.trace() as records:

@@ -243,7 +243,8 @@ def resolve_algorithm(collective, algorithm):
 
 def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g", root=0,
              device="meta", dtype=torch.float32, op=ReduceOp.SUM, check=None, calls=1, memory=None,
-             schedule=False, stragglers=None, delays=None, jitter=0.0, seed=0, progress=None):
+             schedule=False, stragglers=None, delays=None, jitter=0.0, seed=0, progress=None,
+             slow_links=None):
     """Simulate one call of ``algorithm`` (a registered name or a function with the algorithm
     modules' signature) of ``collective`` on ``world_size`` virtual ranks.
 
@@ -265,11 +266,13 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         stragglers: ``{rank: factor}``: each such rank is ``factor`` times slower at its own CPU
             work and at the latency and gap of its messages (:mod:`~collectives.sim.world`).
         delays: ``{rank: seconds}``: each such rank enters every call ``seconds`` late.
+        slow_links: ``{rank: factor}``: each such rank's links (both directions) carry
+            ``1 / factor`` of their bandwidth; latency unchanged (a slow NIC, not a slow host).
         jitter: seconds, the mean of an exponentially distributed extra latency of every
             message, drawn from ``random.Random(seed)``: the same seed, the same times.
         progress: called as ``progress(messages done, ranks finished, world_size)`` every few
-            thousand events, for a long simulation to say how far it is (``--quiet`` aside,
-            the command line's does).
+            thousand events and once at the end, for a long simulation to say how far it is
+            (``--quiet`` aside, the command line's does).
 
     Returns:
         :class:`Result`. Raises :class:`~collectives.sim.deadlock.Deadlock` if the ranks wait
@@ -297,7 +300,7 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
         raise ValueError(f"device must be 'meta' or 'cpu' (the ranks are virtual and run in this "
                          f"process: 'meta' for time and traffic, 'cpu' for real data), got {str(device)!r}")
     device = str(device)
-    check_noise(n, stragglers, delays, jitter, seed)
+    check_noise(n, stragglers, delays, jitter, seed, slow_links)
     spec = topologies.load(topology)
     fabric = topologies.build(spec, n)
     item = torch.empty(0, dtype=dtype).element_size()
@@ -307,7 +310,7 @@ def simulate(collective, algorithm, world_size, nbytes, topology="ethernet-100g"
     refuse_beyond_memory(collective, n, size, device, memory)
     check = device != "meta" if check is None else check
     world = World(fabric, real_data=device != "meta", schedule=schedule, stragglers=stragglers,
-                  delays=delays, jitter=jitter, seed=seed, progress=progress)
+                  delays=delays, jitter=jitter, seed=seed, progress=progress, slow_links=slow_links)
     outputs = [None] * n
 
     def body(r):

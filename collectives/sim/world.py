@@ -44,6 +44,16 @@ Stragglers and noise (``simulate(stragglers=, delays=, jitter=, seed=)``, ``--st
   fixes. The same seed gives the same times, bit for bit, on topologies whose ``python``
   is 0 (on ``local`` the host's own timing varies anyway). The gap g is not jittered.
 
+* a *slow NIC* (``slow_links={rank: F}``, ``--slow-link RANK:F``) is a slower cable, not a
+  slower host: the bandwidth of that rank's links, both directions, is divided by F (F >= 1);
+  the latency L, the gap g and its CPU do not change, so it slows bytes only: a large
+  message F times, a small one hardly. A rank's links are those its messages leave and enter
+  the network by, the first link of every route out of it and the last of every route into
+  it (:func:`slowed`): its cable to the switch (flat, fat tree), its terminal link
+  (dragonfly), its links to its torus neighbours, and on ``nodes`` and ``rail`` its NVLink
+  port and its NIC. A NIC that a node's ranks share (``"nic": "node"``) is slowed for all
+  of them; a link two slow ranks share is divided by the larger factor.
+
 A factor of 1, a delay of 0 and a jitter of 0 change nothing: those paths are not taken.
 """
 import contextlib
@@ -113,7 +123,7 @@ class World:
     """The clock, the event queue, the ranks and the network of one simulation."""
 
     def __init__(self, fabric, real_data=True, schedule=False, stragglers=None, delays=None,
-                 jitter=0.0, seed=0, progress=None):
+                 jitter=0.0, seed=0, progress=None, slow_links=None):
         self.fabric = fabric
         # schedule: each rank's posts, waits and CPU time, in order, for another simulator to
         # play (``benchmarks.sim_vs_simgrid``): ("post", [(kind, peer, tag, nbytes), ...]),
@@ -125,7 +135,8 @@ class World:
         self.queue = []
         self._seq = itertools.count()
         self.ranks = [Rank(i) for i in range(self.n)]
-        self.network = Network(self, fabric.capacity)
+        check_noise(fabric.n, stragglers, delays, jitter, seed, slow_links)
+        self.network = Network(self, slowed(fabric, slow_links))
         self.step_ids = {}            # step -> its index in every rank's ``steps`` bytes
         self.link_bytes = dict.fromkeys(fabric.classes or (), 0)   # link class -> bytes put on it
         self.unmatched = {}           # (src, dst, step, nbytes) -> [ends], oldest first
@@ -143,7 +154,6 @@ class World:
         self.failed = None
         self.quiet = False            # inside aside(): writes not counted
         self.python = fabric.python   # simulated CPU seconds per host second of a rank's own code
-        check_noise(fabric.n, stragglers, delays, jitter, seed)
         # per rank: how many times slower it is (None: no straggler, the paths below not taken)
         self.slow = None
         if stragglers and any(f != 1 for f in stragglers.values()):
@@ -201,8 +211,8 @@ class World:
                                       f"{rank.error}") from rank.error
 
     def _loop_reporting(self):
-        """:meth:`_loop`, calling ``progress`` every ``PROGRESS_EVENTS`` events (a separate loop,
-        so that a simulation without it pays nothing)."""
+        """:meth:`_loop`, calling ``progress`` every ``PROGRESS_EVENTS`` events and once when the
+        queue is empty (a separate loop, so that a simulation without it pays nothing)."""
         queue, pop, report, ranks = self.queue, heapq.heappop, self.progress, self.ranks
         count = 0
         while queue:
@@ -217,6 +227,8 @@ class World:
             if count == PROGRESS_EVENTS:
                 count = 0
                 report(sum(r.sent_messages for r in ranks), sum(r.finished for r in ranks), self.n)
+        # once more at the end, so that the last word on a point is its whole count
+        report(sum(r.sent_messages for r in ranks), sum(r.finished for r in ranks), self.n)
 
     def _main(self, rank, body):
         def main():
@@ -461,29 +473,54 @@ class World:
 PROGRESS_EVENTS = 1024
 
 
-def check_noise(n, stragglers=None, delays=None, jitter=0.0, seed=0):
+def check_noise(n, stragglers=None, delays=None, jitter=0.0, seed=0, slow_links=None):
     """Raise ValueError, before anything runs, unless ``stragglers`` maps ranks of 0..n-1 to
-    factors > 0, ``delays`` maps such ranks to seconds >= 0, ``jitter`` is seconds >= 0 and
-    ``seed`` a whole number (docs/errors.md)."""
+    factors > 0, ``delays`` maps such ranks to seconds >= 0, ``slow_links`` maps such ranks to
+    finite factors >= 1, ``jitter`` is seconds >= 0 and ``seed`` a whole number
+    (docs/errors.md)."""
     def number(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
-    for name, table, least, strict in (("stragglers", stragglers, 0, True), ("delays", delays, 0, False)):
+    for name, table, unit, ok, what in (
+            ("stragglers", stragglers, "factor", lambda x: x > 0, "a slowdown factor > 0 (2: twice as slow)"),
+            ("delays", delays, "seconds", lambda x: x >= 0, "a delay in seconds >= 0"),
+            ("slow_links", slow_links, "factor", lambda x: x >= 1,
+             "a bandwidth divisor >= 1 (4: a quarter of the bandwidth)")):
         if table is None:
             continue
         if not isinstance(table, dict):
-            raise ValueError(f"{name} must be a dict {{rank: {'factor' if strict else 'seconds'}}}, "
-                             f"got {table!r}")
+            raise ValueError(f"{name} must be a dict {{rank: {unit}}}, got {table!r}")
         for rank, x in table.items():
             if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n:
                 raise ValueError(f"{name}: rank {rank!r} is not a rank of 0..{n - 1} ({n} ranks)")
-            if not number(x) or (x <= least if strict else x < least):
-                what = "a slowdown factor > 0 (2: twice as slow)" if strict else "a delay in seconds >= 0"
+            if not number(x) or not ok(x):
                 raise ValueError(f"{name}: rank {rank}'s {x!r} is not {what}")
     if not number(jitter) or jitter < 0:
         raise ValueError(f"jitter must be seconds >= 0 (the mean of each message's extra latency), got {jitter!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be a whole number, got {seed!r}")
+
+
+def slowed(fabric, slow_links=None):
+    """``fabric``'s link capacities with each slow rank's links divided by its factor
+    (``slow_links={rank: F}``): the first link of every route out of the rank and the last of
+    every route into it, found by asking ``fabric.route`` for each peer (N routes per slow
+    rank); a link of two slow ranks takes the larger factor. Without one (or with factors of 1
+    only), ``fabric.capacity`` itself."""
+    factor = {}
+    for rank, f in (slow_links or {}).items():
+        if f == 1:
+            continue
+        for peer in range(fabric.n):
+            if peer != rank:
+                for link in (fabric.route(rank, peer)[0][0], fabric.route(peer, rank)[0][-1]):
+                    factor[link] = max(factor.get(link, 1.0), float(f))
+    if not factor:
+        return fabric.capacity
+    capacity = list(fabric.capacity)
+    for link, f in factor.items():
+        capacity[link] = capacity[link] / f
+    return capacity
 
 
 class SimPending:
