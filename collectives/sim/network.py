@@ -152,7 +152,6 @@ class Network:
     def _finish(self, flow, version):
         if version != flow.version:
             return                       # its rate changed since: a later event stands
-        now = self.world.now
         flow.remaining = 0.0
         links = flow.links
         for link in links:
