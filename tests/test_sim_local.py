@@ -191,6 +191,9 @@ def test_the_simulator_predicts_the_recorded_lab_run():
     assert median <= 0.10
 
 
+# 400 cells replayed, up to 32 calls each, with max-min sharing: 335 s at falling load here,
+# past pyproject's 420 s once under a heavier one
+@pytest.mark.timeout(900)
 def test_the_recorded_accuracy_run_is_still_predicted(capsys):
     """docs/benchmarks.md's accuracy run (N=2 and 4, 4K-64M, every algorithm of four
     collectives, measured here 2026-11-25), calibrated and simulated again by today's model,
