@@ -47,7 +47,7 @@ import time
 from benchmarks import common
 from collectives.sim import simulate
 from collectives.sim import topology as topologies
-from collectives.sim.cli import slow_link, straggler
+from collectives.sim.cli import check_named_ranks, perturbations, slow_link, straggler
 from collectives.sim.world import slowed
 from collectives.tools.sizes import human, parse_size, sizes
 
@@ -164,14 +164,12 @@ def main(argv=None):
     if any(len(c) != 2 for c in cases):
         print("sim_vs_simgrid: --case takes collective/algorithm, e.g. all_reduce/ring", file=sys.stderr)
         return 2
-    for rank in [r for r, _, _ in args.straggler] + [r for r, _ in args.slow_link]:
-        if rank >= min(args.world_size):
-            print(f"sim_vs_simgrid: --straggler/--slow-link names rank {rank}, but --world-size "
-                  f"{min(args.world_size)} has ranks 0..{min(args.world_size) - 1}", file=sys.stderr)
-            return 2
-    noise = {"stragglers": {r: x for r, how, x in args.straggler if how == "factor"} or None,
-             "delays": {r: x for r, how, x in args.straggler if how == "delay"} or None,
-             "slow_links": dict(args.slow_link) or None}
+    try:
+        check_named_ranks(args, min(args.world_size))
+    except ValueError as exc:
+        print(f"sim_vs_simgrid: {exc}", file=sys.stderr)
+        return 2
+    noise = perturbations(args)
     perturbed = ", ".join([f"rank {r} a {x:g}x slower host" for r, x in (noise["stragglers"] or {}).items()]
                           + [f"rank {r} {x * 1e6:g} us late" for r, x in (noise["delays"] or {}).items()]
                           + [f"rank {r}'s links at 1/{x:g} of their bandwidth"

@@ -288,10 +288,7 @@ def plan(args):
     for n in args.world_size:
         if any(c in ROOTED for c in collectives_) and not 0 <= args.root < n:
             raise ValueError(f"--root {args.root} is out of range for --world-size {n}")
-        for flag, rank in [("--straggler", r) for r, _, _ in args.straggler] + \
-                [("--slow-link", r) for r, _ in args.slow_link]:
-            if rank >= n:
-                raise ValueError(f"{flag} names rank {rank}, but --world-size {n} has ranks 0..{n - 1}")
+        check_named_ranks(args, n)
         if args.check and n * max(points) * (n if any(c in ("all_to_all", "all_gather", "gather")
                                                         for c in collectives_) else 1) > CHECK_LIMIT:
             raise ValueError(f"--check keeps every rank's real tensors: {n} ranks x {human(max(points))} is "
@@ -299,13 +296,24 @@ def plan(args):
     return todo, points, spec
 
 
+def check_named_ranks(args, n):
+    """ValueError unless every rank ``--straggler`` and ``--slow-link`` name is one of ``n``."""
+    for flag, rank in [("--straggler", r) for r, _, _ in args.straggler] + \
+            [("--slow-link", r) for r, _ in args.slow_link]:
+        if rank >= n:
+            raise ValueError(f"{flag} names rank {rank}, but --world-size {n} has ranks 0..{n - 1}")
+
+
+def perturbations(args):
+    """simulate()'s ``stragglers``, ``delays`` and ``slow_links`` from ``--straggler`` and ``--slow-link``."""
+    return dict(stragglers={r: x for r, how, x in args.straggler if how == "factor"} or None,
+                delays={r: x for r, how, x in args.straggler if how == "delay"} or None,
+                slow_links=dict(args.slow_link) or None)
+
+
 def noise(args):
     """simulate()'s keyword arguments for ``--straggler``, ``--slow-link``, ``--jitter`` and ``--seed``."""
-    stragglers = {r: x for r, how, x in args.straggler if how == "factor"}
-    delays = {r: x for r, how, x in args.straggler if how == "delay"}
-    slow_links = dict(args.slow_link)
-    return dict(stragglers=stragglers or None, delays=delays or None, jitter=args.jitter, seed=args.seed,
-                slow_links=slow_links or None)
+    return dict(perturbations(args), jitter=args.jitter, seed=args.seed)
 
 
 def main(argv=None, progress_after=2.0, progress_every=None):
