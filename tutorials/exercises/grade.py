@@ -1084,10 +1084,11 @@ def main(argv=None):
                         help="also draw your run beside the reference's in FILE (collectives.viz.side_by_side; "
                              "for exercises written against the door: " + ", ".join(HTML_COLLECTIVE) + ")")
     parser.add_argument("--html-ranks", type=int, default=4, help="ranks in the drawing")
+    from collectives.viz.record import REAL_HANG
     parser.add_argument("--real", action="store_true",
                         help="with --html: draw both runs from real processes (gloo, one host) instead of the "
-                             "simulator; a rank that waits --hang-seconds for a message (default 10) draws a "
-                             "deadlock")
+                             f"simulator; a rank that waits --hang-seconds for a message (default {REAL_HANG:g}) "
+                             "draws a deadlock")
     args = parser.parse_args(argv)
     if args.step is not None:
         steps = LADDERS.get(args.name)
