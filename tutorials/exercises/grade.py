@@ -253,18 +253,18 @@ def _watch_world(name, n, procs, endings, results, status, progress, log, hang_s
         if world.stop is None:
             quiet = now - last_change
             if len(ready) == n and min(hang_seconds, WAIT_SECONDS) < quiet <= hang_seconds:
-                statuses = [_status_of(status, r) for r in range(n)]
+                statuses = _statuses(status, n)
                 if _all_blocked(statuses, name):
                     world.stop = ("deadlock", None, len(_complete(world)), min(hang_seconds, WAIT_SECONDS))
                     world.statuses = statuses
                     break
             if len(ready) == n and quiet > hang_seconds:
                 world.stop = ("deadlock", None, len(_complete(world)), hang_seconds)
-                world.statuses = [_status_of(status, r) for r in range(n)]
+                world.statuses = _statuses(status, n)
                 break
             if len(ready) == n and now - started > START_SECONDS + WORLD_SECONDS:
                 world.stop = ("slow", None, len(_complete(world)), WORLD_SECONDS)
-                world.statuses = [_status_of(status, r) for r in range(n)]
+                world.statuses = _statuses(status, n)
                 break
             if len(ready) < n and now - started > START_SECONDS:
                 world.stop = ("died", None, None, f"the world of {n} did not start in {START_SECONDS} s")
@@ -302,9 +302,14 @@ def _all_blocked(statuses, name):
     return any(blocked) and all(b or r for b, r in zip(blocked, returned))
 
 
+def _statuses(status, n):
+    """Where each rank is."""
+    return [_status_of(status, r) for r in range(n)]
+
+
 def _where(status, log, n):
     """Where each rank is, and each rank's log of its latest messages (for a short receive)."""
-    return [_status_of(status, r) for r in range(n)], [_log_of(log, r) for r in range(n)]
+    return _statuses(status, n), [_log_of(log, r) for r in range(n)]
 
 
 def _log_of(log, rank):
