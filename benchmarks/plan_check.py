@@ -302,9 +302,10 @@ def main(argv=None):
     dims = (args.layers, args.hidden, args.heads, args.seq, args.batch)
     model = model_of(*dims)
     flops, rows = measure(args.world_size, dims, args.steps)
-    topology = calibrate(args.world_size) if args.topology == "measured" else args.topology
-    if args.topology == "measured":
+    topology = args.topology
+    if topology == "measured":
         from collectives.sim import topology as topologies
+        topology = calibrate(args.world_size)
         print("# " + topologies.describe(topology))
     print(f"# {args.layers} blocks, hidden {args.hidden}, {args.heads} heads, {args.seq} tokens x {args.batch} "
           f"sequences per step, float32, Adam; {args.world_size} gloo ranks; measured {flops / 1e9:.2f} GFLOP/s "
