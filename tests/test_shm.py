@@ -41,12 +41,14 @@ def payload(src, dst, i, numel, dtype=torch.float32):
     return (torch.arange(numel, dtype=torch.float64) + 1000 * src + 100 * dst + 10 * i).to(dtype)
 
 
-def exchange_all(rank, n, capacity, sizes):
+def exchange_all(rank, n, capacity, sizes, direct_min=None):
     """Every rank sends every size to every other rank, all posted at once, tags out of order."""
-    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=capacity)
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=capacity,
+                           direct_min=direct_min)
     assert sorted(local) == [r for r in range(n) if r != rank]
     if n == 1:
         return t is None
+    assert t.direct_min == direct_min      # this kernel lets the ranks read each other
     works, received = [], []
     for peer in local:
         # receives posted in reverse tag order: a receive takes the message with its tag
@@ -69,6 +71,14 @@ def test_every_byte_arrives_streamed_through_small_mailboxes(n):
     assert run_world(exchange_all, n, 4096, sizes, timeout=120) == [True] * n
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_byte_arrives_read_straight_from_the_sender(n):
+    # from 4000 bytes on a message is one copy out of the sender's tensor (process_vm_readv);
+    # smaller ones still pass through the 4 KiB mailboxes, in the same streams, tags out of order
+    sizes = [0, 1, 999, 1000, 100_000, 1 << 20]
+    assert run_world(exchange_all, n, 4096, sizes, 4000, timeout=120) == [True] * n
+
+
 def dtypes_and_order(rank, n):
     t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=1024)
     peer = 1 - rank
@@ -89,10 +99,11 @@ def test_dtypes_and_messages_in_send_order():
     assert run_world(dtypes_and_order, 2) == [True, True]
 
 
-def overtaken(rank, n, capacity):
+def overtaken(rank, n, capacity, direct_min=None):
     """Rank 0 sends tags 0 then 1; rank 1 waits for tag 1 first, then receives tag 0: the
     message at the head of its mailbox must not block the one behind it (gloo matches by tag)."""
-    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=capacity)
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=capacity,
+                           direct_min=direct_min)
     numel = capacity // 2          # 2 x capacity bytes each: both stream through in pieces
     if rank == 0:
         works = [t.send([payload(0, 1, i, numel)], 1, tag=i) for i in (0, 1)]
@@ -105,13 +116,15 @@ def overtaken(rank, n, capacity):
     return torch.equal(first, payload(0, 1, 0, numel)) and torch.equal(second, payload(0, 1, 1, numel))
 
 
-@pytest.mark.parametrize("capacity", [1024, 1 << 20])
-def test_a_receive_is_not_blocked_by_an_earlier_message_with_another_tag(capacity):
-    assert run_world(overtaken, 2, capacity, timeout=120) == [True, True]
+@pytest.mark.parametrize("capacity,direct_min", [(1024, None), (1 << 20, None), (1024, 1)])
+def test_a_receive_is_not_blocked_by_an_earlier_message_with_another_tag(capacity, direct_min):
+    # read directly, the message overtaken is read aside at once (its sender may reuse nothing
+    # before its send completes, and it completes only once read)
+    assert run_world(overtaken, 2, capacity, direct_min, timeout=120) == [True, True]
 
 
 def killed_mid_transfer(rank, n):
-    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=4096)
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=4096, direct_min=None)
     if rank == 1:
         first = torch.zeros(10)
         t.recv([first], 0, tag=0).wait(timeout=30)
@@ -164,6 +177,48 @@ def test_a_peer_killed_mid_transfer_is_named_at_once():
     elapsed, text = survivor_of_sigkill(killed_mid_transfer, 2)
     assert elapsed < 10, elapsed      # the pidfd wakes it: not the 60 s it was allowed
     assert "group rank 1" in text and "exited" in text, text
+
+
+def sender_killed_before_the_read(rank, n):
+    """Rank 1 posts a direct send and dies before rank 0 posts the receive: the record is in
+    rank 0's mailbox, the bytes it points at went with the process."""
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, direct_min=1)
+    if rank == 1:
+        t.send([torch.ones(1 << 18)], 0, tag=5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    # wait until rank 1 is gone: its pidfd is readable then
+    deadline = time.monotonic() + 30
+    while shm.alive(t.pids[1]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    start = time.monotonic()
+    try:
+        t.recv([torch.empty(1 << 18)], 1, tag=5).wait(timeout=60)
+    except shm.PeerDied as exc:
+        return time.monotonic() - start, str(exc)
+    return None
+
+
+def test_a_sender_gone_before_its_direct_message_is_read_is_named():
+    elapsed, text = survivor_of_sigkill(sender_killed_before_the_read, 2)
+    assert elapsed < 10, elapsed
+    assert "group rank 1" in text and "exited" in text, text
+
+
+def no_reading_allowed(rank, n):
+    if rank == 1:
+        shm._probe = lambda pid, addr: False       # this rank's kernel refuses process_vm_readv
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, direct_min=1)
+    # every rank falls back to the mailboxes alike: a sender cannot know what its receiver may do
+    x = torch.arange(300_000, dtype=torch.float32) + rank
+    y = torch.empty_like(x)
+    r, s = t.recv([y], 1 - rank, tag=0), t.send([x], 1 - rank, tag=0)
+    s.wait(timeout=30)
+    r.wait(timeout=30)
+    return t.direct_min, torch.equal(y, torch.arange(300_000, dtype=torch.float32) + 1 - rank)
+
+
+def test_a_rank_that_cannot_read_its_peers_turns_direct_reads_off_on_the_host():
+    assert run_world(no_reading_allowed, 2) == [(None, True), (None, True)]
 
 
 def files_of(pids):
@@ -235,5 +290,7 @@ def test_a_full_dev_shm_is_a_clear_error_on_every_rank_when_shm_is_required():
 
 def test_cost_counts_pieces():
     assert shm.cost(0)["pieces"] == 1
-    assert shm.cost(16 << 20, capacity=2 << 20) == {"copies": 2, "bytes_copied": 32 << 20,
-                                                    "pieces": 9, "syscalls": 18}
+    assert shm.cost(16 << 20, capacity=2 << 20, direct_min=None) == {
+        "copies": 2, "bytes_copied": 32 << 20, "pieces": 9, "syscalls": 18}
+    assert shm.cost(16 << 20, direct_min=1 << 20) == {"copies": 1, "bytes_copied": 16 << 20,
+                                                      "pieces": 1, "syscalls": 3}
