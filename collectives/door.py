@@ -59,6 +59,10 @@ class Door(Protocol):
                  step: int) -> None:
         """Send to ``dst`` and receive from ``src`` in one step, posted together."""
 
+    # Optional: ``scratch(like, numel)``, a receive buffer for one call that the door may
+    # keep between calls (the real door does, per group: ``Comm.scratch``); algorithms ask
+    # through ``algorithms._util.inbox``, which makes a new tensor where a door has none.
+
 
 def each_message(collective, algorithm, step, sends, recvs):
     """The messages one ``post`` moves, receives first, as ``(kind, tensor, peer, nbytes)``.

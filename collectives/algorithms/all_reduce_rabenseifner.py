@@ -49,6 +49,7 @@ ICCS 2004; Thakur, Rabenseifner and Gropp, IJHPCA 2005.
 """
 from ._cost import CHUNK_BYTES, NOTHING, Tally
 from ._util import fold, fold_out, split_bounds, tally_fold_out, virtual_rank
+from ._util import inbox as scratch_inbox
 from .all_gather_recursive_doubling import recursive_doubling, tally_recursive_doubling
 from .reduce_scatter_recursive_halving import (cut, halving_steps, largest_kept, recursive_halving,
                                                tally_recursive_halving)
@@ -107,7 +108,7 @@ def all_reduce(comm, tensor, op):
     bounds = split_bounds(numel, p)
     limit = message_limit(numel, n, item)
     folded_receiver = r < 2 * extra and r % 2
-    inbox = tensor.new_empty(inbox_size(bounds, v, p, item, limit, folded_receiver))
+    inbox = scratch_inbox(comm, tensor, inbox_size(bounds, v, p, item, limit, folded_receiver))
     step = 0
     if extra:
         # The fold, piece by piece: the even rank posts every piece at once, the odd

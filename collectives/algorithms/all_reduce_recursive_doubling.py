@@ -34,6 +34,7 @@ Communication Operations in MPICH", IJHPCA 2005.
 """
 from ._cost import NOTHING, Tally
 from ._util import fold, fold_in, fold_out, real_rank, tally_fold_in, tally_fold_out, virtual_rank
+from ._util import inbox as scratch_inbox
 
 
 def cost(n, s, item=1):
@@ -60,7 +61,7 @@ def cost(n, s, item=1):
 def all_reduce(comm, tensor, op):
     n, r = comm.size, comm.rank
     p, extra = fold(n)
-    inbox = tensor.new_empty(tensor.shape)
+    inbox = scratch_inbox(comm, tensor, tensor.numel()).view(tensor.shape)
     v = virtual_rank(r, extra)
     step = 0
     if extra:

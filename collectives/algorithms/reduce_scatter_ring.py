@@ -36,6 +36,7 @@ clusters of workstations", JPDC 2009.
 import torch
 
 from ._cost import NOTHING, Tally, pieces
+from ._util import inbox
 
 
 def ring_reduce_scatter(comm, chunks, op, step0=0):
@@ -46,10 +47,10 @@ def ring_reduce_scatter(comm, chunks, op, step0=0):
     """
     n, r = comm.size, comm.rank
     right, left = (r + 1) % n, (r - 1) % n
-    inbox = chunks[0].new_empty(max(c.numel() for c in chunks))
+    buf = inbox(comm, chunks[0], max(c.numel() for c in chunks))
     for s in range(n - 1):
         send_i, recv_i = (r - s - 1) % n, (r - s - 2) % n
-        got = inbox[:chunks[recv_i].numel()]
+        got = buf[:chunks[recv_i].numel()]
         comm.sendrecv(chunks[send_i], right, got, left, step0 + s)
         op.combine(chunks[recv_i], got)
 
