@@ -136,6 +136,11 @@ def _worker(args, rank, n, device):
                 r["untuned_algorithm"] = base
         rows += point
     progress.close()
+    # the same model fitted to the calls just timed, for torch's time estimator
+    # (collectives.backend: estimate_seconds), which ping-pong's figures under-predict
+    calls = cost_model.fit_calls(rows)
+    if calls is not None:
+        params = dict(params, calls=calls)
     return {"p2p": p2p, "model": params, "rows": rows, "skipped": skipped,
             "seconds": time.monotonic() - start}
 
@@ -180,6 +185,9 @@ def report(results, rows, path, seconds, file=None):
         m = res["model"]
         print(f"# N={n}: alpha {m['alpha'] * 1e6:.1f} us, beta {1e-9 / m['beta']:.3f} GB/s, "
               f"gamma {1e-9 / m['gamma']:.3f} GB/s; swept in {res['seconds']:.0f} s"
+              + (f"; fitted to its calls: {m['calls']['call'] * 1e6:.0f} us per call, alpha "
+                 f"{m['calls']['alpha'] * 1e6:.1f} us, beta {1e-9 / m['calls']['beta']:.3f} GB/s"
+                 if m.get("calls") else "")
               + (f"; {len(res['skipped'])} point(s) over budget: each takes the nearer measured size's choice"
                  if res["skipped"] else ""),
               file=file)

@@ -83,3 +83,45 @@ def test_estimate_reads_the_agreed_model():
 def _modelled(coll, algo):
     from collectives.tuning.choice import auto
     return auto(coll, algo) == "model"
+
+
+def _calls(params, n, algorithms, sizes):
+    from collectives.tuning import cost_model
+    return [{"collective": "all_reduce", "algorithm": a, "world_size": n, "size": s,
+             "time_us": 1e6 * cost_model.predict("all_reduce", a, n, s, params)}
+            for a in algorithms for s in sizes]
+
+
+def test_fit_calls_recovers_the_figures_that_made_the_calls():
+    from collectives.tuning import cost_model
+    made = {"call": 300e-6, "alpha": 50e-6, "beta": 1e-9, "gamma": 3e-10}
+    rows = _calls(made, 4, ["ring", "tree", "recursive_doubling", "naive_ring", "rabenseifner"],
+                  [4096, 65536, 1 << 20, 16 << 20])
+    rows.append({"collective": "all_reduce", "algorithm": "untuned", "world_size": 4, "size": 4096,
+                 "time_us": 1.0})       # a label that is no algorithm: left out
+    found = cost_model.fit_calls(rows)
+    for key, value in made.items():
+        assert found[key] == pytest.approx(value, rel=1e-6), (key, found)
+    # no per-call cost in the calls: none is found, and none is negative
+    made = {"call": 0.0, "alpha": 80e-6, "beta": 2e-9, "gamma": 1e-9}
+    found = cost_model.fit_calls(_calls(made, 3, ["ring", "tree", "naive_ring"], [4096, 1 << 20, 8 << 20]))
+    assert all(v >= 0 for v in found.values())
+    assert found["alpha"] == pytest.approx(80e-6, rel=1e-3) and found["call"] < 1e-9
+    assert cost_model.fit_calls(rows[:3]) is None
+
+
+def test_the_estimate_prices_with_the_figures_fitted_to_calls_where_the_table_has_them():
+    from collectives.tuning import cost_model
+    shipped = agreed.local().shipped
+    ping = {"alpha": 40e-6, "beta": 3e-10, "gamma": 2e-10}
+    calls = {"call": 900e-6, "alpha": 300e-6, "beta": 1e-9, "gamma": 5e-10}
+    plain = agreed.Tables({"models": {"4": dict(ping)}}, shipped, "x", "-", "test")
+    fitted = agreed.Tables({"models": {"4": dict(ping, calls=calls)}}, shipped, "x", "-", "test")
+    for size in (4096, 1 << 20):
+        algo = "ring"
+        assert estimate_seconds("all_reduce", size, 4, plain, algo) == pytest.approx(
+            cost_model.predict("all_reduce", algo, 4, size, ping))
+        assert estimate_seconds("all_reduce", size, 4, fitted, algo) == pytest.approx(
+            cost_model.predict("all_reduce", algo, 4, size, calls))
+        assert cost_model.predict("all_reduce", algo, 4, size, calls) == pytest.approx(
+            900e-6 + cost_model.predict("all_reduce", algo, 4, size, dict(calls, call=0.0)))

@@ -527,7 +527,8 @@ def estimate_seconds(collective, size, group_size, tables, algorithm=None):
 
     ``tables``: the :class:`~collectives.tuning.agreed.Tables` the group agreed on; its
     measured model (this machine's calibration) is used where there is one, else the shipped
-    one. ``algorithm``: the one the call would run (COLLECTIVES_ALGO's); None takes the
+    one; of a measured model, the figures ``benchmarks.tune`` fitted to the calls it timed
+    (``calls``: a cost per call beside alpha, beta, gamma), where it holds them. ``algorithm``: the one the call would run (COLLECTIVES_ALGO's); None takes the
     automatic choice, as the call would. An algorithm whose cost is not stated (chosen only
     from measurements) is priced as the best modelled algorithm.
     """
@@ -540,6 +541,9 @@ def estimate_seconds(collective, size, group_size, tables, algorithm=None):
     if not params:
         raise ValueError("collectives backend: time estimate: no fitted model in the group's tuning "
                          "tables (run python -m benchmarks.tune, or use the shipped table)")
+    # the figures fitted to whole calls where the tune measured them (cost_model.fit_calls),
+    # else ping-pong's
+    params = params.get("calls") or params
     algorithm = algorithm or choice.choose(collective, size, group_size, tables)
     try:
         return cost_model.predict(collective, algorithm, group_size, size, params)

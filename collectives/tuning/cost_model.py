@@ -71,11 +71,63 @@ def predict(collective, algorithm, n, size, params):
     c = cost(collective, algorithm, n, int(size))
     if n == 1:
         return 0.0
+    # "call": seconds every call pays whatever it moves (the Python around the messages,
+    # waking ranks that share cores), fitted by fit_calls; absent in ping-pong's figures
+    call = params.get("call", 0.0)
     own_time = getattr(MODULES[collective][algorithm], "time", None)
     if own_time is not None:
-        return own_time(n, int(size), a, b, g)
-    return (a * max(c.steps, c.messages) + b * max(c.critical_bytes, c.sent_bytes, c.recv_bytes)
-            + g * c.reduced_bytes)
+        return call + own_time(n, int(size), a, b, g)
+    return call + (a * max(c.steps, c.messages) + b * max(c.critical_bytes, c.sent_bytes, c.recv_bytes)
+                   + g * c.reduced_bytes)
+
+
+def _terms(collective, algorithm, n, size):
+    """The counts ``predict`` multiplies by call, alpha, beta and gamma (None where the
+    module states its own ``time``, which is not linear in them)."""
+    if getattr(MODULES[collective][algorithm], "time", None) is not None:
+        return None
+    c = cost(collective, algorithm, n, int(size))
+    return (1.0, float(max(c.steps, c.messages)),
+            float(max(c.critical_bytes, c.sent_bytes, c.recv_bytes)), float(c.reduced_bytes))
+
+
+def fit_calls(rows):
+    """call, alpha, beta, gamma (seconds) that make :func:`predict` best match whole calls.
+
+    ``rows``: measured calls of one world size, ``{"collective", "algorithm", "world_size",
+    "size", "time_us"}`` (what ``benchmarks.tune`` times at every point). Ping-pong's
+    figures (:func:`fit`) price a message between two ranks with the rest idle; a call of
+    N ranks on fewer cores also waits for ranks to be scheduled, and pays Python per call
+    and per message, so those figures under-predict it (3-10x at N = 3, 4 on 2 cores). Here
+    the four figures are fitted to the calls themselves, least squares of the relative
+    error, none negative (a figure that would be is dropped and the rest fitted again).
+    Rows of algorithms that state their own ``time`` are left out. Returns None with fewer
+    than 4 usable rows.
+    """
+    import numpy as np
+    xs, ys = [], []
+    for r in rows:
+        if r["algorithm"] not in MODULES.get(r["collective"], {}) or r["time_us"] <= 0:
+            continue
+        t = _terms(r["collective"], r["algorithm"], r["world_size"], r["size"])
+        if t is not None:
+            xs.append(t)
+            ys.append(r["time_us"] * 1e-6)
+    if len(xs) < 4:
+        return None
+    x, y = np.array(xs), np.array(ys)
+    w = 1.0 / y
+    keep = [0, 1, 2, 3]
+    while True:
+        sol, *_ = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)
+        if (sol >= 0).all() or len(keep) == 1:
+            break
+        keep = [k for k, v in zip(keep, sol) if v > 0] or [0]
+    found = dict.fromkeys(("call", "alpha", "beta", "gamma"), 0.0)
+    for k, v in zip(keep, sol):
+        found[("call", "alpha", "beta", "gamma")[k]] = max(float(v), 0.0)
+    found["beta"] = max(found["beta"], 1e-15)
+    return found
 
 
 def best(collective, algorithms, n, size, params):

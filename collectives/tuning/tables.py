@@ -120,6 +120,10 @@ def problem(table):
         for key in ("alpha", "beta", "gamma"):
             if not _number(params.get(key)):
                 return f"{name} lacks a finite number {key!r}"
+        calls = params.get("calls")
+        if calls is not None and not (isinstance(calls, dict) and all(
+                _number(calls.get(k)) for k in ("call", "alpha", "beta", "gamma"))):
+            return f'{name}."calls" must hold finite numbers "call", "alpha", "beta" and "gamma"'
     return None
 
 
