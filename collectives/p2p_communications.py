@@ -195,7 +195,7 @@ def shm_transport(comm):
     # no lock held across the setup: two groups' lanes may set up at once, in any order
     phases = iter(range(2))
     found = shm.connect(comm.rank, comm.pids, lambda data: comm._setup_allgather(data, next(phases)),
-                        required=(mode == "shm"))
+                        required=(mode == "shm"), direct_min=settings.shm_direct_min())
     with _shm_lock:
         try:
             _shm_of[transport] = found

@@ -129,6 +129,32 @@ def test_the_torch_backend_uses_shared_memory():
         assert setups == 1 and groups_on_shm >= 1
 
 
+def direct_reads(rank, n):
+    from collectives.p2p_communications import Comm, shm_transport
+    x = torch.arange(300_000, dtype=torch.float32) + rank       # 1.2 MB, 600 kB per ring message
+    collectives.all_reduce(x, algorithm="ring")
+    want = sum(torch.arange(300_000, dtype=torch.float32) + r for r in range(n))
+    transport, _ = shm_transport(Comm(None, "all_reduce", "probe"))     # the group's, set up by the call
+    return transport.direct_min, torch.equal(x, want)
+
+
+@pytest.mark.parametrize("value,direct_min", [(None, 1 << 20), ("off", None), ("64K", 65536)])
+def test_the_direct_read_setting(value, direct_min):
+    env = dict(SHM, **({"COLLECTIVES_SHM_DIRECT_MIN": value} if value else {}))
+    assert run_world(direct_reads, 2, env=env) == [(direct_min, True)] * 2
+
+
+def test_the_direct_read_setting_refuses_nonsense():
+    for bad in ("-1", "0", "lots", "1.5M"):
+        os.environ["COLLECTIVES_SHM_DIRECT_MIN"] = bad
+        try:
+            with pytest.raises(ValueError, match="COLLECTIVES_SHM_DIRECT_MIN=.*positive size in bytes"):
+                settings.shm_direct_min()
+        finally:
+            del os.environ["COLLECTIVES_SHM_DIRECT_MIN"]
+    assert settings.shm_direct_min() == 1 << 20
+
+
 def test_the_setting():
     os.environ["COLLECTIVES_TRANSPORT"] = "carrier-pigeon"
     try:
