@@ -25,7 +25,7 @@ VARIABLES = {
     "COLLECTIVES_ALGO": ("", "algorithms per collective, e.g. all_reduce:ring,broadcast:binomial_tree"),
     "COLLECTIVES_TUNING_TABLE": ("", "a tuning table algorithm=None reads instead of this machine's"),
     "COLLECTIVES_TRANSPORT": ("auto", "gloo, shm or auto: how ranks on one host exchange messages"),
-    "COLLECTIVES_SHM_DIRECT_MIN": ("1M", "shared memory: messages this large are read from the sender, one copy (off: never)"),
+    "COLLECTIVES_SHM_DIRECT_MIN": ("4M", "shared memory: messages this large are read from the sender, one copy (off: never)"),
     "COLLECTIVES_GLOO_BATCH": ("1", "gloo's socket threads never preempt the thread they wake (SCHED_BATCH)"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
@@ -113,13 +113,13 @@ def transport():
 
 
 def shm_direct_min():
-    """``COLLECTIVES_SHM_DIRECT_MIN`` (default ``1M``): bytes from which the shared-memory door
+    """``COLLECTIVES_SHM_DIRECT_MIN`` (default ``4M``): bytes from which the shared-memory door
     reads a message straight from the sender's memory (one copy, ``collectives/shm.py``);
     ``off``: every message through the mailboxes (two copies). Bytes, or with K, M or G.
     Read when a group's mailboxes are set up (its first call)."""
     value = _raw("COLLECTIVES_SHM_DIRECT_MIN")
     if value is None:
-        return 1 << 20
+        return 4 << 20
     text = value.strip().upper().removesuffix("B")
     if text in ("OFF", "NONE", "NEVER"):
         return None
@@ -130,7 +130,7 @@ def shm_direct_min():
         number = -1
     if number < 1:
         raise ValueError(f"COLLECTIVES_SHM_DIRECT_MIN={value!r} is not valid: use a positive size in bytes "
-                         f"(e.g. 1048576, 256K, 1M) or off; unset, it is 1M")
+                         f"(e.g. 1048576, 256K, 1M) or off; unset, it is 4M")
     return number * scale
 
 

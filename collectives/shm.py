@@ -57,7 +57,7 @@ Moving a message of S bytes from rank a to rank b (a's mailbox in b's inbox):
    streams through it in pieces, the sender filling while the receiver drains;
 5. a's send completes when b's ``tail`` has passed the message's end: b has it.
 
-A message of ``DIRECT_MIN`` (1 MiB) or more skips the ring: a writes only its record,
+A message of ``DIRECT_MIN`` (4 MiB) or more skips the ring: a writes only its record,
 with the address of its tensor, and b copies the bytes straight out of a's memory into
 its tensor (``process_vm_readv``: the kernel copies between the two address spaces, once)
 before it advances ``tail`` past the record; a's send completes then, as above, and a
@@ -92,17 +92,21 @@ wait until the timeout (hierarchical all_reduce on 2 hosts x 2 ranks did). So wh
 rank has messages in flight here, the door waits on gloo on a helper thread and keeps moving
 ours (:meth:`ShmTransport.wait_elsewhere`): the rule NCCL keeps with its proxy thread.
 
-**Copies per byte**, one message: shm 2 below 1 MiB (sender into the mailbox, receiver
+**Copies per byte**, one message: shm 2 below 4 MiB (sender into the mailbox, receiver
 out of it; 3 for a message moved aside because a receive behind it was posted first),
-no system call per byte, one wake-up per piece; 1 from 1 MiB (read from the sender),
+no system call per byte, one wake-up per piece; 1 from 4 MiB (read from the sender),
 one system call. gloo on loopback: 2 (``write`` into the socket buffer, ``read`` out
 of it), plus TCP/IP's processing, socket-thread hand-offs in both processes, and a system
 call per ~64 KiB on each side. Why not one copy for every size: on the 2-core machine
 ``process_vm_readv`` pins the sender's pages as it goes and moved 3.3 GB/s at 16 MiB
-against 4.8 GB/s for one ``memmove``, and below ~1 MiB two copies through a mailbox that
-stays in the cache beat it (ring all_reduce of 1 MiB, N=2: 1.2 ms one copy, 1.0 ms two;
-of 64 MiB: 44 ms one copy, 57 ms two). The algorithms still receive into a buffer and
-reduce from it, as on gloo: a reduction cannot read another process's memory in place.
+against 4.8 GB/s for one ``memmove``, and up to messages of about 2 MiB two copies through
+a mailbox that stays in the cache are as fast or faster. ``python -m benchmarks.transports
+--world-size 2,4 -b 4K -e 64M -f 4 -n 5 -w 1``, with ``COLLECTIVES_SHM_DIRECT_MIN=1M`` and
+``=off`` one after the other (docs/benchmarks.md, 2026-11-27 22:31 UTC, load 1.5-2.2): the
+ring's busbw with one copy / with two, N=2: 0.88 at 1 MiB, 0.78 at 4 MiB, 1.18 at 16 MiB,
+1.23 at 64 MiB; N=4: 0.93 at 4 MiB, 1.33 at 16 MiB, 1.12 at 64 MiB. The algorithms still
+receive into a buffer and reduce from it, as on gloo: a reduction cannot read another
+process's memory in place.
 
 Citation: NCCL's transports (``src/transport/shm.cc``: host-memory FIFO between
 processes of one node); the single-producer single-consumer ring of Lamport,
@@ -140,7 +144,7 @@ HEADER = 2 * ALIGN              # head on the first line, tail on the second (no
 RECORD = ALIGN                  # a record header: tag, nbytes, address (three u64), padded
 SLICE = 0.05                    # seconds a waiter sleeps before checking its deadline again
 SPIN = 30e-6                    # seconds a waiter looks again (yielding the core) before it sleeps
-DIRECT_MIN = 1 << 20            # bytes from which a message is read straight from the sender (one copy;
+DIRECT_MIN = 4 << 20            # bytes from which a message is read straight from the sender (one copy;
                                 # the door passes COLLECTIVES_SHM_DIRECT_MIN, whose default this is)
 
 

@@ -138,7 +138,7 @@ def direct_reads(rank, n):
     return transport.direct_min, torch.equal(x, want)
 
 
-@pytest.mark.parametrize("value,direct_min", [(None, 1 << 20), ("off", None), ("64K", 65536)])
+@pytest.mark.parametrize("value,direct_min", [(None, 4 << 20), ("off", None), ("64K", 65536)])
 def test_the_direct_read_setting(value, direct_min):
     env = dict(SHM, **({"COLLECTIVES_SHM_DIRECT_MIN": value} if value else {}))
     assert run_world(direct_reads, 2, env=env) == [(direct_min, True)] * 2
@@ -152,7 +152,7 @@ def test_the_direct_read_setting_refuses_nonsense():
                 settings.shm_direct_min()
         finally:
             del os.environ["COLLECTIVES_SHM_DIRECT_MIN"]
-    assert settings.shm_direct_min() == 1 << 20
+    assert settings.shm_direct_min() == 4 << 20
 
 
 def test_the_setting():
