@@ -448,14 +448,15 @@ class Comm(Door):
         if like.device.type != "cpu" or numel * like.element_size() < SCRATCH_MIN:
             return like.new_empty(numel)
         transport = self.info.transport
-        try:
-            kept = _scratch_of.setdefault(transport, {})
-        except TypeError:
-            kept = _scratch_of_ids.setdefault(id(transport), (transport, {}))[1]
-        key = (self.lane, like.dtype)
-        buf = kept.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = kept[key] = like.new_empty(numel)
+        with _shm_lock:      # lanes of several groups run on their own threads
+            try:
+                kept = _scratch_of.setdefault(transport, {})
+            except TypeError:
+                kept = _scratch_of_ids.setdefault(id(transport), (transport, {}))[1]
+            key = (self.lane, like.dtype)
+            buf = kept.get(key)
+            if buf is None or buf.numel() < numel:
+                buf = kept[key] = like.new_empty(numel)
         return buf[:numel]
 
     def _failure(self, msg, peer, exc):
