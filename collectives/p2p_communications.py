@@ -482,8 +482,9 @@ def _explain(text, peer_text):
     if "Application timeout caused pair closure" in text:
         return (f"the connection to {peer_text} was closed by an earlier timeout on this group, "
                 f"which cannot be used again; create a new group ({brief})")
-    if "exited while this rank waited" in text:
-        # the shared-memory transport's notice (a pidfd): the same news as a closed socket
+    if "exited while this rank waited" in text or "exited while this rank read" in text:
+        # the shared-memory transport's notice (a pidfd, or a message it could no longer read
+        # from the dead sender's memory): the same news as a closed socket
         return (f"{peer_text} closed the connection: its process exited while this rank waited "
                 f"for it, killed or failed (shared memory)")
     if any(s in text for s in ("Connection closed by peer", "Connection reset", "Broken pipe")):

@@ -99,12 +99,16 @@ def killed_after_setup(rank, n):
     return time.monotonic() - start, text
 
 
-def test_a_rank_killed_is_named_by_the_door_well_within_the_timeout():
+@pytest.mark.parametrize("direct_min", ["off", "64K"])
+def test_a_rank_killed_is_named_by_the_door_well_within_the_timeout(direct_min):
+    # 64K: the ring's messages (85 kB at N=3) are read from the sender's memory
     os.environ["COLLECTIVES_TRANSPORT"] = "shm"       # the spawned ranks inherit it
+    os.environ["COLLECTIVES_SHM_DIRECT_MIN"] = direct_min
     try:
         elapsed, text = survivor_of_sigkill(killed_after_setup, 3)
     finally:
         del os.environ["COLLECTIVES_TRANSPORT"]
+        del os.environ["COLLECTIVES_SHM_DIRECT_MIN"]
     assert elapsed < 10, (elapsed, text)      # COLLECTIVES_TIMEOUT is 300 (the default) here
     # rank 0 waits on rank 2, which lost rank 1: the door names rank 1 either way
     assert "rank 1 of the group [0, 1, 2] died" in text and "all_reduce" in text, text
