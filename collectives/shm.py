@@ -75,10 +75,12 @@ work, and a peer that dies (SIGKILL included) wakes it at once with an error nam
 peer instead of a hang.
 
 **Worked example**, ring all_reduce on 4 ranks of one host, 16 MiB of float32, mailboxes
-of 2 MiB: each of the 6 steps moves a 4 MiB chunk from rank r to r+1, which streams
-through the r -> r+1 mailbox in two or more pieces; each byte of a chunk is copied
-twice (into the mailbox, out of it), then reduced. The 12 doorbell rings per chunk cost
-a few microseconds each, against ~1 ms for copying 4 MiB twice: memory bandwidth
+of 2 MiB: each of the 6 steps moves a 4 MiB chunk from rank r to r+1. At 4 MiB it is
+read directly: r writes a 64-byte record into the r -> r+1 mailbox and rings; r+1 copies
+the chunk out of r's tensor once (then reduces it, in the first 3 steps) and rings back:
+2 doorbell rings and one copy per chunk. With direct reads off, each chunk streams through
+the mailbox in 3 pieces, every byte copied twice, with up to 6 rings each way; the rings
+cost a few microseconds each, against ~1 ms for copying 4 MiB twice: memory bandwidth
 decides here. For a 4 KiB message the copies take ~1 us and the wake-up (a system call
 and a context switch, tens of us on a loaded machine) decides.
 
