@@ -186,10 +186,7 @@ def shm_transport(comm):
     # keyed by the group as the caller holds it: the gloo backend behind it may be a new
     # Python wrapper at every call (torch 2.11), which would set up again each time
     transport = comm.info.transport
-    try:
-        found = _shm_of.get(transport)
-    except TypeError:
-        found = _shm_of_ids.get(id(transport), (None, None))[1]
+    found = _kept(_shm_of, _shm_of_ids, transport)
     if found is not None or comm.pids is None:
         return found or (None, ())
     # no lock held across the setup: two groups' lanes may set up at once, in any order
@@ -197,11 +194,25 @@ def shm_transport(comm):
     found = shm.connect(comm.rank, comm.pids, lambda data: comm._setup_allgather(data, next(phases)),
                         required=(mode == "shm"), direct_min=settings.shm_direct_min())
     with _shm_lock:
-        try:
-            _shm_of[transport] = found
-        except TypeError:
-            _shm_of_ids[id(transport)] = (transport, found)
-    return found
+        return _keep(_shm_of, _shm_of_ids, transport, found)
+
+
+def _kept(table, ids, transport):
+    """What ``table`` keeps for a group's ``transport``, or None: weakly keyed by it where it
+    can be, else (a transport that takes no weak reference) in ``ids`` by its id, beside it."""
+    try:
+        return table.get(transport)
+    except TypeError:
+        return ids.get(id(transport), (None, None))[1]
+
+
+def _keep(table, ids, transport, value):
+    """Keep ``value`` for ``transport`` (as :func:`_kept` finds it); returns it."""
+    try:
+        table[transport] = value
+    except TypeError:
+        ids[id(transport)] = (transport, value)
+    return value
 
 
 class Pending:
@@ -449,10 +460,9 @@ class Comm(Door):
             return like.new_empty(numel)
         transport = self.info.transport
         with _shm_lock:      # lanes of several groups run on their own threads
-            try:
-                kept = _scratch_of.setdefault(transport, {})
-            except TypeError:
-                kept = _scratch_of_ids.setdefault(id(transport), (transport, {}))[1]
+            kept = _kept(_scratch_of, _scratch_of_ids, transport)
+            if kept is None:
+                kept = _keep(_scratch_of, _scratch_of_ids, transport, {})
             key = (self.lane, like.dtype)
             buf = kept.get(key)
             if buf is None or buf.numel() < numel:

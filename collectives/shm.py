@@ -316,10 +316,11 @@ class _Iovec(ctypes.Structure):
 
 
 _libc = None
+PROBE = 0x636F6C6C65637469      # "collecti": the word a rank publishes at setup (xor its pid)
 
 
-def _vm_read(pid, local, remote, nbytes):
-    """``process_vm_readv`` of one range: the bytes copied, or minus the errno."""
+def _c():
+    """The C library, with ``process_vm_readv`` declared (loaded at the first use)."""
     global _libc
     if _libc is None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -327,8 +328,13 @@ def _vm_read(pid, local, remote, nbytes):
         libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
                                           ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
         _libc = libc
+    return _libc
+
+
+def _vm_read(pid, local, remote, nbytes):
+    """``process_vm_readv`` of one range: the bytes copied, or minus the errno."""
     mine, theirs = _Iovec(local, nbytes), _Iovec(remote, nbytes)
-    got = _libc.process_vm_readv(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
+    got = _c().process_vm_readv(pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)
     return got if got >= 0 else -ctypes.get_errno()
 
 
@@ -341,8 +347,7 @@ def _allow_peers_to_read():
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
             if f.read().strip() != "1":
                 return
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(0x59616D61, ctypes.c_ulong(2 ** 64 - 1), 0, 0, 0)     # PR_SET_PTRACER, ANY
+        _c().prctl(0x59616D61, ctypes.c_ulong(2 ** 64 - 1), 0, 0, 0)     # PR_SET_PTRACER, ANY
     except (OSError, AttributeError):
         pass
 
@@ -519,9 +524,7 @@ class ShmTransport:
                     # send completes when the tail below passes this record
                     self._read_direct(peer, work.addr, addr, nbytes)
                     work.done_bytes = work.slot
-                    work.done = True
-                    if work.target is not None:
-                        self._deliver(peer, work)
+                    work.done = True        # moved aside: _match_staged delivers it whole
                     continue
                 self.current[peer] = work
             step = _advance(box, tail, work, avail, into=False)
@@ -702,7 +705,7 @@ class ShmTransport:
 
 
 def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, directory=DIRECTORY,
-            warn=None, direct_min=-1):
+            warn=None, direct_min=DIRECT_MIN):
     """Set up shared memory between the ranks of one group that share a host.
 
     Args:
@@ -718,7 +721,7 @@ def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, di
         warn: called with one line when falling back (default: print to stderr).
         direct_min: messages of at least this many bytes are read straight from the
             sender's memory (one copy) where every rank of the host can read every other's;
-            None: all through the mailboxes; default :data:`DIRECT_MIN` (read when called).
+            None: all through the mailboxes (the door passes ``COLLECTIVES_SHM_DIRECT_MIN``).
 
     Returns:
         (ShmTransport or None, tuple of the group ranks it reaches): None when no
@@ -729,8 +732,6 @@ def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, di
         >>> transport, peers = connect(comm.rank, agreement.local_pids, allgather)  # doctest: +SKIP
     """
     assert capacity % ALIGN == 0 and capacity >= 2 * RECORD
-    if direct_min == -1:
-        direct_min = DIRECT_MIN
     if pids[rank] is None:
         raise ValueError("shm.connect: pids must give this rank's own pid")
     clean_stale(directory)
@@ -743,7 +744,7 @@ def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, di
     inbox_map, bell_r = None, None
     # a word every peer tries to read from this process (step 3): where the kernel lets
     # each rank of the host read the others' memory, large messages take one copy
-    probe = ctypes.c_uint64(0x636F6C6C65637469 ^ os.getpid())
+    probe = ctypes.c_uint64(PROBE ^ os.getpid())
     if local and direct_min is not None:
         _allow_peers_to_read()
     if local:
@@ -820,7 +821,7 @@ def _probe(pid, addr):
     """Whether this process may read process ``pid``'s memory: the word it published."""
     word = ctypes.c_uint64(0)
     return (_vm_read(pid, ctypes.addressof(word), addr, 8) == 8
-            and word.value == 0x636F6C6C65637469 ^ pid)
+            and word.value == PROBE ^ pid)
 
 
 def _unlink(paths):

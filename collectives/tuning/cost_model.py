@@ -77,8 +77,13 @@ def predict(collective, algorithm, n, size, params):
     own_time = getattr(MODULES[collective][algorithm], "time", None)
     if own_time is not None:
         return call + own_time(n, int(size), a, b, g)
-    return call + (a * max(c.steps, c.messages) + b * max(c.critical_bytes, c.sent_bytes, c.recv_bytes)
-                   + g * c.reduced_bytes)
+    messages, nbytes, reduced = _counts(c)
+    return call + (a * messages + b * nbytes + g * reduced)
+
+
+def _counts(c):
+    """What :func:`predict` multiplies by alpha, beta and gamma in a :class:`Cost`."""
+    return max(c.steps, c.messages), max(c.critical_bytes, c.sent_bytes, c.recv_bytes), c.reduced_bytes
 
 
 def _terms(collective, algorithm, n, size):
@@ -86,9 +91,7 @@ def _terms(collective, algorithm, n, size):
     module states its own ``time``, which is not linear in them)."""
     if getattr(MODULES[collective][algorithm], "time", None) is not None:
         return None
-    c = cost(collective, algorithm, n, int(size))
-    return (1.0, float(max(c.steps, c.messages)),
-            float(max(c.critical_bytes, c.sent_bytes, c.recv_bytes)), float(c.reduced_bytes))
+    return (1.0, *map(float, _counts(cost(collective, algorithm, n, int(size)))))
 
 
 def fit_calls(rows):
