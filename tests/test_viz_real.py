@@ -269,3 +269,123 @@ def test_the_graders_html_draws_both_runs_for_real(tmp_path):
     assert "reference: all_reduce / naive_ring on 3 ranks: a real run" in page
     with pytest.raises(SystemExit):
         grade.main(["sim_all_reduce", "--real"])        # --real says how --html draws
+
+
+# ---- the course's exercises written against torch's API, drawn for real (issue 35) -------------
+
+def test_the_exercises_torch_api_ring_moves_the_registered_rings_messages():
+    """The reference solution of ``grade all_reduce`` (dist.batch_isend_irecv, tag 0) drawn from
+    real processes: its messages, numbered by their place in their direction, are exactly the
+    registered ring's simulated ones, and its buffers at each step the same."""
+    from tutorials.exercises.solutions.all_reduce import all_reduce
+    for n in (2, 3):
+        real = record.record_real("all_reduce", all_reduce, n, timeout=TIMEOUT, hang=30, calls="torch")
+        sim = record.record("all_reduce", "ring", n)
+        assert sorted(map(shape, real["messages"])) == sorted(map(shape, sim["messages"]))
+        assert real["final"] == sim["final"] and real["failure"] is None and real["unwaited"] == [[]] * n
+        for r in range(n):
+            assert sorted({(s, tuple(v)) for _, s, v in real["snapshots"][r]}) == \
+                sorted({(s, tuple(v)) for _, s, v in sim["snapshots"][r]})
+            # its own count_traffic, counted in its process: 2(N-1) messages of one element each way
+            assert real["traffic"][r] == [16 * (n - 1), 16 * (n - 1), 2 * (n - 1), 2 * (n - 1)]
+        d = model.build(real)
+        assert d["wrong"] is None and d["unwaited"] == [] and len(d["steps"]) == 2 * (n - 1)
+
+
+TORCH_LEARNER = """
+import torch
+import torch.distributed as dist
+
+
+def all_gather(tensor_list, tensor, group=None):
+    r, n = dist.get_rank(), dist.get_world_size()
+    for q in range(n):
+        if q != r:
+            dist.isend(tensor, q)           # the handle is dropped: never waited on
+    for q in range(n):
+        if q == r:
+            tensor_list[q].copy_(tensor)
+        else:
+            dist.recv(tensor_list[q], q)
+"""
+
+
+def test_a_torch_api_learners_wrong_sum_hang_and_unwaited_sends_are_drawn(tmp_path):
+    from tutorials.exercises import grade
+    from tutorials.exercises._common import load
+    wrong = grade.HERE / "wrong"
+    twice = load("all_reduce", str(wrong / "all_reduce_counts_own_twice.py"))
+    d = model.build(record.record_real("all_reduce", twice, 3, timeout=TIMEOUT, hang=30, calls="torch"))
+    assert d["failure"] is None and "rank 0's contribution is counted 2 times" in d["wrong"]["text"]
+
+    blocking = load("all_reduce", str(wrong / "all_reduce_deadlock.py"))
+    rec = record.record_real("all_reduce", blocking, 3, timeout=TIMEOUT, hang=HANG, calls="torch")
+    assert rec["failure"]["type"] == "send-send" and rec["messages"] == []
+    assert [c["rank"] for c in rec["failure"]["cycle"]] == [0, 1, 2]
+    assert "dist.batch_isend_irecv" in rec["failure"]["report"] and "comm.sendrecv" not in rec["failure"]["report"]
+
+    mine = tmp_path / "mine.py"
+    mine.write_text(TORCH_LEARNER)
+    fn = load("all_gather", str(mine))
+    d = model.build(record.record_real("all_gather", fn, 3, timeout=TIMEOUT, hang=30, calls="torch"))
+    assert d["failure"] is None and d["wrong"] is None        # right, but two sends per rank never waited on
+    assert sorted((u["rank"], u["kind"], u["peer"]) for u in d["unwaited"]) == \
+        [(r, "send", q) for r in range(3) for q in range(3) if q != r]
+
+
+def test_grade_html_draws_a_torch_api_exercise_beside_its_reference(tmp_path, capsys):
+    """The issue's command, literally: ``grade all_reduce --solution mine.py --html out.html``."""
+    from tutorials.exercises import grade
+    out = tmp_path / "out.html"
+    assert grade.main(["all_reduce", "--solution", str(grade.HERE / "wrong" / "all_reduce_counts_own_twice.py"),
+                       "--worlds", "2", "--html", str(out), "--html-ranks", "3"]) == 1
+    text = capsys.readouterr().out
+    assert "through our door" in text and "counted 2 times" in text
+    page = out.read_text()
+    assert "yours: all_reduce / all_reduce on 3 ranks: a real run" in page
+    assert "reference: all_reduce / all_reduce on 3 ranks: a real run" in page and "WRONG RESULT" in page
+    with pytest.raises(SystemExit):
+        grade.main(["send_recv_ring", "--html", str(out)])      # not a collective's exercise
+
+
+def test_a_browser_shows_a_real_hang_as_its_cycle(tmp_path):
+    """A real run that hangs (torch's blocking sends, every rank first), in Chromium: the banner
+    names the cycle, the page is frozen at the end, and its screenshot is not blank."""
+    from tests.test_viz_browser import BROWSER, chromium
+    if BROWSER is None:
+        pytest.skip("no Chromium (apt-get install chromium)")
+    import html as _html
+
+    import matplotlib.image
+
+    from collectives.viz import render
+    from tutorials.exercises import grade
+    from tutorials.exercises._common import load
+    blocking = load("all_reduce", str(grade.HERE / "wrong" / "all_reduce_deadlock.py"))
+    d = model.build(record.record_real("all_reduce", blocking, 4, timeout=TIMEOUT, hang=HANG, calls="torch"))
+    path = render.write(d, tmp_path / "hang.html")
+    dom = chromium("--dump-dom", f"file://{path}")
+    banner = re.search(r'<div class="banner dead" id="deadlock">(.*?)</div>', dom, re.S).group(1)
+    assert "send-send cycle: 0 \u2192 1 \u2192 2 \u2192 3 \u2192 0" in _html.unescape(banner)
+    assert "a real run" in _html.unescape(banner) and "frozen" in dom
+    chromium("--window-size=1200,900", f"--screenshot={tmp_path / 'shot.png'}", f"file://{path}")
+    img = matplotlib.image.imread(tmp_path / "shot.png")[..., :3]
+    colours = {tuple((px * 255).astype(int)) for px in img[::7, ::7].reshape(-1, 3)}
+    assert img.shape[0] == 900 and len(colours) > 20
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"])
+def test_every_torch_api_exercises_reference_is_drawn_right_for_real(collective):
+    import importlib
+    fn = getattr(importlib.import_module(f"tutorials.exercises.solutions.{collective}"), collective)
+    rec = record.record_real(collective, fn, 3, root=1, timeout=TIMEOUT, hang=30, calls="torch")
+    for r in range(3):      # every cell holds what the collective promises, each rank once
+        for v, want in zip(rec["final"][r], rec["want"][r]):
+            if want is not None:
+                assert record.decode(v, "nibbles", 3) == {q: 1 for q in want}
+    d = model.build(rec)
+    assert d["wrong"] is None and d["failure"] is None and d["unwaited"] == []
+    # the page's counters at the end are each process's own count_traffic
+    assert [[sum(m[3] for m in d["msgs"] if m[0] == r), sum(m[3] for m in d["msgs"] if m[1] == r),
+             sum(1 for m in d["msgs"] if m[0] == r), sum(1 for m in d["msgs"] if m[1] == r)]
+            for r in range(3)] == rec["traffic"]

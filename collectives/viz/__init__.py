@@ -70,15 +70,21 @@ __all__ = ["MAX_MESSAGES", "MAX_RANKS", "TooLarge", "data", "page", "show", "sid
 
 
 def side_by_side(collective, solution, world_size, path, reference=None, topology="ethernet-100g", root=0,
-                 real=False, hang=_record.REAL_HANG):
+                 real=False, hang=_record.REAL_HANG, calls="door"):
     """The learner's run next to the reference's, in one self-contained file (what the grader's
     ``--html FILE`` writes): ``solution`` is the learner's function (the algorithm modules'
-    signature), ``reference`` a registered name (default: the collective's first).
+    signature), ``reference`` a registered name or a function (default: the collective's
+    first registered algorithm).
 
     ``real=True`` runs both in real processes (:func:`record_real`: gloo, one host, the
     function loaded from its file) instead of the simulator; a rank that waits ``hang``
     seconds for a message makes the learner's page a deadlock page. A world that fails
     otherwise raises (the launcher's verdict) and nothing is written.
+
+    ``calls="torch"``: both functions are written against torch's API (the course's
+    process-world exercises, e.g. ``all_reduce(tensor, group=None)`` with ``dist.isend``);
+    their point-to-point calls go through our door in real processes, so ``real`` is implied
+    and ``reference`` must be a function (the exercise's reference solution).
 
     Returns:
         (path, learner's page data): the data's ``failure`` (a deadlock's cycle) and ``wrong``
@@ -88,10 +94,12 @@ def side_by_side(collective, solution, world_size, path, reference=None, topolog
     from pathlib import Path
 
     from ..algorithms import REGISTRY
+    if calls == "torch" and not callable(reference):
+        raise ValueError("calls='torch': give the reference as a function written against torch's API too")
     reference = reference or next(iter(REGISTRY[collective]))
-    if real:
-        mine = model.build(record_real(collective, solution, world_size, root, hang=hang))
-        ref = model.build(record_real(collective, reference, world_size, root, hang=hang))
+    if real or calls == "torch":
+        mine = model.build(record_real(collective, solution, world_size, root, hang=hang, calls=calls))
+        ref = model.build(record_real(collective, reference, world_size, root, hang=hang, calls=calls))
     else:
         mine = data(collective, solution, world_size, topology, root)
         ref = data(collective, reference, world_size, topology, root)

@@ -157,6 +157,10 @@ def build(rec):
                 steps=steps, provs=provs, init=init, changes=changes, msgs=msgs, links=links, time=rec["time"],
                 failure=rec["failure"], wrong=None, summary=rec["mode"] is None, clock=clock)
     data["wrong"] = _wrong(rec, steps, index, dec)
+    # a real run's posts never waited on (record.record_real): the simulator calls an unmatched
+    # post a deadlock; a real one may finish unseen, or leave a buffer read before it lands
+    data["unwaited"] = [dict(rank=r, kind=kind, peer=peer, step=step, nbytes=nb)
+                        for r, edges in enumerate(rec.get("unwaited") or []) for kind, peer, step, nb in edges]
     data["questions"] = collective_questions(data)
     if rec["failure"] and rec["failure"]["kind"] == "deadlock":
         from .questions import deadlock_questions

@@ -17,6 +17,8 @@ Every message is recorded as the simulator completes it (source, destination, st
 posted and finished in simulated time, the links it crossed) together with the provenance of
 what it carried and the cells of the buffers it left and reached.
 """
+import contextlib
+
 import torch
 
 from .. import observers
@@ -392,8 +394,11 @@ def _recording_comm(*args, clock, outs, seen, **kwargs):
             pending = super().post(step, sends, recvs, tagged)
             entries = [(kind, peer, nbytes) for _, kind, peer, nbytes in pending.entries]
             wait = pending.wait
+            posted = [[(kind, peer, step, nbytes) for kind, peer, nbytes in entries], False]
+            self.posted.append(posted)
 
             def watched_wait():
+                posted[1] = True
                 before = len(seen)
                 try:
                     wait()
@@ -406,14 +411,136 @@ def _recording_comm(*args, clock, outs, seen, **kwargs):
             pending.wait = watched_wait
             return pending
 
+        def unwaited(self):
+            """The messages of every post whose wait was never called: ``(kind, peer, step, nbytes)``."""
+            return [edge for edges, waited in self.posted if not waited for edge in edges]
+
     comm = RecordingComm(*args, **kwargs)
-    comm.sent, comm.received, comm.stuck = [], [], None
+    comm.sent, comm.received, comm.stuck, comm.posted = [], [], None, []
     return comm
 
 
-def _real_rank(rank, n, collective, name, root, mode, source):
+class _TorchCalls:
+    """``torch.distributed``'s point-to-point calls, for one real rank of a drawing of a
+    function written against torch's API (the course's process-world exercises): while
+    :meth:`patched` is active, ``dist.send``, ``recv``, ``isend``, ``irecv``,
+    ``batch_isend_irecv`` and ``P2POp`` are this library's own
+    (:mod:`collectives.p2p_api`, torch's names and signatures), so every message goes
+    through the door, where :mod:`collectives.observers` sees it. Each post is noted as
+    :func:`_recording_comm` notes one: the rank's buffers, the cell a message leaves or
+    reaches, what a send carries.
+
+    A message's step is its place among the messages of its direction (and tag): the k-th
+    message rank r sends rank q is the k-th q receives from r, so both ends number it alike
+    (torch's messages between two ranks arrive in the order they were sent).
+    """
+
+    NAMES = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "P2POp")
+
+    def __init__(self, rank, outs, clock):
+        self.rank, self.outs, self.clock = rank, outs, clock
+        self.sent, self.received, self.stuck = [], [], None
+        self.count = {}          # (kind, peer, tag) -> messages posted that way so far
+        self.posted = []         # [edge, waited]: every isend/irecv handle, to name the ones never waited on
+
+    def note(self, kind, tensor, peer, tag):
+        """Note a post; return its edge ``(kind, peer, step, nbytes)``."""
+        k = self.count.get((kind, peer, tag), 0)
+        step = tag * STRIDE + k
+        self.clock.snapshots[self.rank].append((self.clock.now, step, [int(x) for t in self.outs for x in t.tolist()]))
+        if tensor.numel():       # the door sends no empty message: it takes no place in its direction
+            self.count[(kind, peer, tag)] = k + 1
+            cell = _cell(tensor, self.outs)
+            if kind == "send":
+                self.sent.append((step, peer, cell, tensor.numel(), [int(x) for x in tensor.reshape(-1).tolist()]))
+            else:
+                self.received.append((step, peer, cell))
+        return (kind, peer, step, tensor.nbytes)
+
+    def blocking(self, edge, fn, *args):
+        from ..errors import CollectiveError
+        try:
+            return fn(*args)
+        except CollectiveError:
+            self.stuck = self.stuck or edge      # the first wait that failed is this rank's edge
+            raise
+
+    def handle(self, edge, work):
+        """``work`` whose ``wait`` notes ``edge`` as this rank's if it fails, and notes that it was waited on."""
+        calls, entry = self, [edge, False]
+        self.posted.append(entry)
+
+        class Watched:
+            def wait(self, timeout=None):
+                entry[1] = True
+                return calls.blocking(edge, work.wait)
+
+            def __getattr__(self, attr):
+                return getattr(work, attr)
+        return Watched()
+
+    def steps(self, messages):
+        """The door's messages (``observers.Message``) with each one's step as :meth:`note` numbered it."""
+        seen = {}
+        for m in messages:
+            peer = m.dst if m.kind == "send" else m.src
+            k = seen.get((m.kind, peer, m.step), 0)
+            seen[(m.kind, peer, m.step)] = k + 1
+            m.step = m.step * STRIDE + k
+        return messages
+
+    def unwaited(self):
+        """The isends and irecvs whose handle was never waited on: ``(kind, peer, step, nbytes)``."""
+        return [edge for edge, waited in self.posted if not waited]
+
+    @contextlib.contextmanager
+    def patched(self):
+        import torch.distributed as dist
+
+        from .. import p2p_api
+
+        def send(tensor, dst=None, group=None, tag=0):
+            self.blocking(self.note("send", tensor, dst, tag), p2p_api.send, tensor, dst, group, tag)
+
+        def recv(tensor, src=None, group=None, tag=0):
+            self.blocking(self.note("recv", tensor, src, tag), p2p_api.recv, tensor, src, group, tag)
+            return src
+
+        def isend(tensor, dst=None, group=None, tag=0):
+            edge = self.note("send", tensor, dst, tag)
+            return self.handle(edge, p2p_api.isend(tensor, dst, group, tag))
+
+        def irecv(tensor, src=None, group=None, tag=0):
+            edge = self.note("recv", tensor, src, tag)
+            return self.handle(edge, p2p_api.irecv(tensor, src, group, tag))
+
+        def batch_isend_irecv(p2p_op_list):
+            ops = {isend: p2p_api.isend, irecv: p2p_api.irecv}
+            mine = [p2p_api.P2POp(ops.get(p.op, p.op), p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
+            edges = [self.note("send" if p.op is p2p_api.isend else "recv", p.tensor, p.peer, p.tag) for p in mine]
+            return [self.handle(e, w) for e, w in zip(edges, p2p_api.batch_isend_irecv(mine))]
+
+        def P2POp(op, tensor, peer=None, group=None, tag=0):     # noqa: N802 (torch's name)
+            return p2p_api.P2POp(op, tensor, peer, group, tag)
+
+        mine = dict(send=send, recv=recv, isend=isend, irecv=irecv, batch_isend_irecv=batch_isend_irecv, P2POp=P2POp)
+        before = {name: getattr(dist, name) for name in self.NAMES}
+        for name in self.NAMES:
+            setattr(dist, name, mine[name])
+        try:
+            yield self
+        finally:
+            for name, fn in before.items():
+                setattr(dist, name, fn)
+
+
+def _real_rank(rank, n, collective, name, root, mode, source, calls="door"):
     """One rank of :func:`record_real`: run the algorithm (registered, or loaded from
     ``source``) once on the real door, watched, and return what it saw to the launcher.
+
+    ``calls="torch"``: the function is written against torch's API (``fn(*args)``, as
+    ``dist.all_reduce(tensor)`` is called) and its ``torch.distributed`` point-to-point calls
+    go through the door (:class:`_TorchCalls`); it runs even alone (a world of one must do nothing).
 
     A wait that fails at the door (its timeout: the world hangs) ends the rank's run, not the
     rank: what it finished, its buffers as they froze and the message it waited for are
@@ -423,36 +550,47 @@ def _real_rank(rank, n, collective, name, root, mode, source):
     import torch.distributed as dist
 
     from ..errors import CollectiveError
-    fn = REGISTRY[collective][name] if source is None else _load(source)
     args, outs, expect = inputs(collective, rank, n, root, mode, "cpu")
     clock, notes, seen = _Clock(rank, n), [], observers.Trace()
-    comm = _recording_comm(None, collective, name, clock=clock, outs=outs, seen=seen)
-    if collective in REDUCING:
-        args.append(Provenance(mode, clock, rank, notes))
+    if calls == "torch":
+        door = _TorchCalls(rank, outs, clock)
+        patched = door.patched()
+        patched.__enter__()       # before the file is loaded: a name it imports from dist is ours too
+        fn = _load(source)
+        run = lambda: fn(*args)   # noqa: E731
+    else:
+        fn = REGISTRY[collective][name] if source is None else _load(source)
+        door = _recording_comm(None, collective, name, clock=clock, outs=outs, seen=seen)
+        if collective in REDUCING:
+            args.append(Provenance(mode, clock, rank, notes))
+        run = (lambda: local(collective, args)) if n == 1 else (lambda: fn(door, *args))
     dist.barrier()       # the ranks start together, so one clock (time.time, one host) serves all
     clock.t0 = time.time()
     stuck = None
-    with observers.observing(seen), observers.count_traffic() as counted:
-        try:
-            if n == 1:
-                local(collective, args)
-            else:
-                fn(comm, *args)
-        except CollectiveError as exc:
-            if comm.stuck is None:      # not a wait that never ended: the world failed
-                raise
-            kind, peer, step, nbytes = comm.stuck
-            stuck = dict(kind=kind, peer=peer, step=step, nbytes=nbytes, error=str(exc).splitlines()[0])
+    try:
+        with observers.observing(seen), observers.count_traffic() as counted:
+            try:
+                run()
+            except CollectiveError as exc:
+                if door.stuck is None:      # not a wait that never ended: the world failed
+                    raise
+                kind, peer, step, nbytes = door.stuck
+                stuck = dict(kind=kind, peer=peer, step=step, nbytes=nbytes, error=str(exc).splitlines()[0])
+    finally:
+        if calls == "torch":
+            patched.__exit__(None, None, None)
     ended = time.time()
+    messages = door.steps(seen.messages) if calls == "torch" else seen.messages
     return dict(t0=clock.t0, end=ended, traffic=[counted.sent_bytes, counted.recv_bytes, counted.sent_messages,
-                                                 counted.recv_messages], sent=comm.sent, received=comm.received,
-                messages=[(m.kind, m.src, m.dst, m.step, m.nbytes, m.start, m.end) for m in seen.messages],
+                                                 counted.recv_messages], sent=door.sent, received=door.received,
+                messages=[(m.kind, m.src, m.dst, m.step, m.nbytes, m.start, m.end) for m in messages],
                 snapshots=clock.snapshots[rank], final=[int(x) for t in outs for x in t.tolist()], want=expect,
                 notes=[(t, r, _cell(acc, outs), [i for i, b in enumerate(both.tolist()) if b], s, v.tolist())
-                       for t, r, acc, both, s, v in notes], stuck=stuck)
+                       for t, r, acc, both, s, v in notes], stuck=stuck,
+                unwaited=door.unwaited() if stuck is None else [])
 
 
-def _hang(ranks, collective, name, hang):
+def _hang(ranks, collective, name, hang, calls="door"):
     """The failure a real run's hang is drawn as (the simulator's deadlock, in its shape), from
     the message each stuck rank waited for; None if no rank was stuck.
 
@@ -472,20 +610,29 @@ def _hang(ranks, collective, name, hang):
         unmatched.setdefault((r, e.peer) if e.kind == "send" else (e.peer, r), []).append(e)
     world = Plain(unmatched=unmatched, ranks=[Plain(finished=got["stuck"] is None) for got in ranks])
     kind, cycle, report = analyse(world, [Plain(id=r, waiting=[e]) for r, e in ends.items()])
+    if calls == "torch":     # the advice in the learner's own terms
+        report = report.replace("(comm.sendrecv, comm.exchange)", "(dist.isend + dist.irecv, or dist.batch_isend_irecv)")
+    how = "torch.distributed's calls through our door" if calls == "torch" else "gloo processes"
     return {"kind": "deadlock", "type": kind,
-            "report": f"{report}\n  (a real run: each rank above waited {hang:g} s at the door, gloo processes)",
+            "report": f"{report}\n  (a real run: each rank above waited {hang:g} s at the door, {how})",
             "cycle": [dict(rank=int(r), kind=end.kind, peer=int(end.peer), step=int(end.step), nbytes=int(end.nbytes))
                       for r, end in cycle]}
 
 
-def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT, hang=REAL_HANG):
+def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT, hang=REAL_HANG, calls="door"):
     """Run ``algorithm`` of ``collective`` in a real world of ``world_size`` processes (gloo, one
     host, one thread each) with :func:`record`'s provenance inputs, and return the run in
     :func:`record`'s shape, so :func:`collectives.viz.model.build` draws it the same way.
 
     ``algorithm`` is a registered name or a function with the algorithm modules' signature
     (the learner's own): a function is loaded in each process from the file that defines it
-    (it must be at the top level of a .py file).
+    (it must be at the top level of a .py file). ``calls="torch"``: the function is written
+    against torch's API instead, as the course's process-world exercises are
+    (``all_reduce(tensor, group=None)``, ``broadcast(tensor, src, group=None)``, ...: the
+    arguments of ``torch.distributed``'s collective, without ``op``; the reduction is a sum):
+    its ``dist.send``/``recv``/``isend``/``irecv``/``batch_isend_irecv`` go through this
+    library's door (:mod:`collectives.p2p_api`, torch's names), so the same page is drawn, a
+    message's step being its place among its direction's messages.
 
     Each rank watches its own door (a :class:`collectives.observers.Trace` for the door's own
     messages and times, and what each post carried, read before the post) and returns it to
@@ -500,10 +647,15 @@ def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT,
     cycle (or the finished rank they wait for), built from the message each rank waited for,
     and the page freezes at the messages each rank finished.
 
+    ``unwaited`` lists, per rank, the messages it posted and never waited on (an ``isend``
+    dropped, a post whose wait was never called): ``(kind, peer, step, bytes)``; the page
+    names them (a program that leaves a message unwaited may read a buffer before it lands).
+
     Raises:
         ValueError: unknown collective or algorithm, a function not defined at the top level
             of a file, ``world_size`` < 1 or above :data:`REAL_RANKS`, root out of range,
-            ``hang`` not below ``timeout``.
+            ``hang`` not below ``timeout``, ``calls`` neither "door" nor "torch" (or "torch"
+            with a registered name).
         TimeoutError: the world did not finish within ``timeout`` seconds (every process killed).
         collectives.tools.launch.WorldError: a rank failed otherwise (the launcher's verdict).
     """
@@ -512,13 +664,16 @@ def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT,
                        f"a real run is drawn with its chunks, so at most {REAL_RANKS} processes; record() "
                        f"draws larger worlds on the simulator")
     source = _source(fn) if callable(algorithm) else None
+    if calls not in ("door", "torch") or (calls == "torch" and source is None):
+        raise ValueError(f"calls={calls!r}: 'door' (the algorithm modules' signature) or 'torch' (a function of "
+                         f"one's own written against torch.distributed's point-to-point calls)")
     if not 0 < hang < timeout:
         raise ValueError(f"hang={hang!r} s must be positive and below the world's timeout ({timeout!r} s)")
     from ..tools.launch import run_in_group
     spec = topologies.load("ethernet-100g")     # flat: each rank's port in and out, as on one host
     fabric = topologies.build(spec, n)
     mode = mode_for(n)
-    ranks = run_in_group(_real_rank, n, collective, name, root, mode, source, backend="gloo", threads=1,
+    ranks = run_in_group(_real_rank, n, collective, name, root, mode, source, calls, backend="gloo", threads=1,
                          timeout=timeout, start_method="forkserver", preload=[__name__],
                          env={"COLLECTIVES_TIMEOUT": f"{hang:g}"})
     t0 = min(r["t0"] for r in ranks)
@@ -550,7 +705,9 @@ def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT,
     return dict(kind="collective", collective=collective, algorithm=name, n=n, root=root, mode=mode,
                 topology=spec, fabric=fabric, messages=messages, snapshots=snapshots,
                 final=[got["final"] for got in ranks], want=[got["want"] for got in ranks], notes=notes,
-                failure=_hang(ranks, collective, name, hang), clock="measured",
+                failure=_hang(ranks, collective, name, hang, calls), clock="measured",
                 traffic=[got["traffic"] for got in ranks],
-                title=f"{collective} / {name} on {n} ranks: a real run (gloo, {n} processes on one host)",
+                unwaited=[[list(edge) for edge in got["unwaited"]] for got in ranks],
+                title=f"{collective} / {name} on {n} ranks: a real run ({n} processes on one host, "
+                      f"{'torch.distributed point-to-point calls through our door' if calls == 'torch' else 'gloo'})",
                 time=max([got["end"] - t0 for got in ranks] + [m["end"] for m in messages] + [0.0]))

@@ -55,6 +55,7 @@ import linecache
 import os
 import queue
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -1035,6 +1036,10 @@ def listing():
 
 # exercises whose function has the algorithm modules' signature (comm, tensor, op): their run can be drawn
 HTML_COLLECTIVE = {"sim_all_reduce": "all_reduce"}
+# exercises written against torch's API with a collective's arguments (all_reduce(tensor, group=None),
+# ...): drawn from real processes, their torch.distributed messages going through our door
+HTML_TORCH = {name: name for name in ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+                                      "all_to_all")}
 
 
 def draw(name, solution, path, world_size=4, real=False, hang_seconds=None):
@@ -1043,25 +1048,45 @@ def draw(name, solution, path, world_size=4, real=False, hang_seconds=None):
 
     ``real``: both runs in real processes (gloo, one host) instead of the simulator; a rank that
     waits ``hang_seconds`` for a message is drawn as a deadlock. A real world that fails
-    otherwise writes nothing, and what is returned says why (the launcher's verdict)."""
+    otherwise writes nothing, and what is returned says why (the launcher's verdict).
+
+    An exercise written against torch's API (:data:`HTML_TORCH`: ``all_reduce``, ``broadcast``,
+    ...) always runs in real processes, beside the exercise's reference solution, its
+    ``torch.distributed`` point-to-point calls going through this library's door, where every
+    message is seen (``collectives.viz.record_real(..., calls="torch")``)."""
+    import importlib
+
     from collectives import viz
     from collectives.tools.launch import WorldError
     from tutorials.exercises._common import load
 
     source, shown, tmp = resolve(name, solution)
-    fn = load(name, source)
     hang = viz.record.REAL_HANG if hang_seconds is None else hang_seconds
+    torch_api = name in HTML_TORCH
     try:
-        written, data = viz.side_by_side(HTML_COLLECTIVE[name], fn, world_size, path, real=real, hang=hang)
+        fn = load(name, source)
+        if torch_api:
+            reference = getattr(importlib.import_module(f"tutorials.exercises.solutions.{name}"), name)
+            written, data = viz.side_by_side(HTML_TORCH[name], fn, world_size, path, reference=reference,
+                                             hang=hang, calls="torch")
+        else:
+            written, data = viz.side_by_side(HTML_COLLECTIVE[name], fn, world_size, path, real=real, hang=hang)
     except (WorldError, TimeoutError) as exc:
         return f"Not drawn: the real run of {shown} on {world_size} ranks failed, nothing written:\n{exc}"
-    how = "real processes (gloo)" if real else "the simulator"
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    how = ("real processes (its torch.distributed messages through our door)" if torch_api else
+           "real processes (gloo)" if real else "the simulator")
     lines = [f"Drawn: {written} ({shown} on {world_size} ranks in {how}, beside the reference)."]
     if data.get("failure"):
         report = data["failure"]["report"].replace("\n", "\n    ")
         lines.append(f"  The page shows the deadlock:\n    {report}")
     if data.get("wrong"):
         lines.append(f"  The page marks the first wrong chunk: {data['wrong']['text']}")
+    for u in data.get("unwaited") or ():
+        lines.append(f"  Never waited on: rank {u['rank']}'s {'isend to' if u['kind'] == 'send' else 'irecv from'} "
+                     f"rank {u['peer']} (step {u['step']}, {u['nbytes']} B)")
     return "\n".join(lines)
 
 
@@ -1086,12 +1111,14 @@ def main(argv=None):
     parser.add_argument("--worlds", type=lambda text: tuple(int(n) for n in text.split(",")), default=None,
                         help="comma-separated world sizes to run instead (e.g. 2,3)")
     parser.add_argument("--html", metavar="FILE", default=None,
-                        help="also draw your run beside the reference's in FILE (collectives.viz.side_by_side; "
-                             "for exercises written against the door: " + ", ".join(HTML_COLLECTIVE) + ")")
+                        help="also draw your run beside the reference's in FILE (collectives.viz.side_by_side): "
+                             "for the collectives written against torch's API (" + ", ".join(HTML_TORCH) + "), "
+                             "from real processes; for those written against the door (" + ", ".join(HTML_COLLECTIVE)
+                             + "), from the simulator, or real processes with --real")
     parser.add_argument("--html-ranks", type=int, default=4, help="ranks in the drawing")
     from collectives.viz.record import REAL_HANG
     parser.add_argument("--real", action="store_true",
-                        help="with --html: draw both runs from real processes (gloo, one host) instead of the "
+                        help="with --html, for an exercise written against the door: draw both runs from real processes (gloo, one host) instead of the "
                              f"simulator; a rank that waits --hang-seconds for a message (default {REAL_HANG:g}) "
                              "draws a deadlock")
     args = parser.parse_args(argv)
@@ -1104,9 +1131,9 @@ def main(argv=None):
         args.name = steps[args.step - 1]
     if args.real and not args.html:
         parser.error("--real says how --html draws (real processes); give --html FILE too")
-    if args.html and args.name not in HTML_COLLECTIVE:
-        parser.error(f"--html draws exercises written against the door ({', '.join(HTML_COLLECTIVE)}); "
-                     f"{args.name} runs in worlds of processes")
+    if args.html and args.name not in HTML_COLLECTIVE and args.name not in HTML_TORCH:
+        parser.error(f"--html draws the collectives' exercises ({', '.join([*HTML_TORCH, *HTML_COLLECTIVE])}); "
+                     f"{args.name} is not one of them")
     if args.name in _numeric.NUMERIC:
         if args.answer is None:
             print(f"{args.name}: {_numeric.NUMERIC[args.name].question}\nAnswer with --answer NUMBER.")
