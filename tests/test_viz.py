@@ -88,6 +88,15 @@ def test_above_64_ranks_a_summary_with_the_traffic():
     assert d["summary"] and totals(d)["sb"] == [c.sent_bytes for c in counters]
 
 
+@pytest.mark.parametrize("collective,algorithm,n", [("all_reduce", "ring", 65), ("all_reduce", "recursive_doubling", 128),
+                                                    ("reduce_scatter", "ring", 100), ("reduce", "binomial_tree", 256)])
+def test_a_reduction_above_64_ranks_is_summarised_not_failed(collective, algorithm, n):
+    """Above 64 ranks the run is on meta tensors: the reduction has no provenance to check there."""
+    d, counters = traced(collective, algorithm, n)
+    assert d["failure"] is None and d["summary"] and d["wrong"] is None
+    assert totals(d)["sb"] == [c.sent_bytes for c in counters]
+
+
 def deadlocking(comm, tensor, op):
     import torch
     buf = torch.empty_like(tensor)
@@ -235,7 +244,7 @@ def test_the_all_checker_counts_its_pages_and_fails_on_a_page_too_large(capsys, 
     assert cli.main(["--all", "all_reduce", "rabenseifner", "-n", "2,3,5", "-o", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     sizes = {n: (tmp_path / f"all_reduce_rabenseifner_{n}.html").stat().st_size for n in (2, 3, 5)}
-    assert "checked 3 pages (1 algorithms of 1 collectives x N = 2,3,5)" in out
+    assert "checked 3 pages (1 algorithms and schedules of 1 collectives and parallelisms x N = 2,3,5)" in out
     assert f"largest: all_reduce/rabenseifner N={max(sizes, key=sizes.get)}, {max(sizes.values())} bytes" in out
     assert "every page: at most the bound, ended right, its counters equal to count_traffic's" in out
     rows, _ = check.run([2, 3], "broadcast", None, say=lambda line: None)
@@ -245,3 +254,68 @@ def test_the_all_checker_counts_its_pages_and_fails_on_a_page_too_large(capsys, 
     assert "2 page(s) with problems" in capsys.readouterr().out
     assert cli.main(["--all", "all_reduce", "nope", "-n", "2"]) == 2
     assert cli.main(["--all", "-n", "4-2"]) == 2
+
+
+def test_the_all_checker_draws_every_parallelisms_schedule_and_holds_a_pipeline_to_its_formulas():
+    """``--all`` checks the parallelisms too: FSDP, MoE and ring attention against count_traffic,
+    GPipe and 1F1B against their closed forms (messages per stage, bubble (p-1)/(m+p-1))."""
+    from collectives.parallel.pipeline import bubble_fraction
+    from collectives.viz import check, schedules
+    rows, summary = check.run([2, 3, 5, 8], say=lambda line: None, collective="pipeline")
+    rows2, _ = check.run([2, 3, 5], say=lambda line: None, collective="fsdp")
+    rows3, _ = check.run([2, 5], say=lambda line: None, collective="moe")
+    rows4, _ = check.run([3, 8], say=lambda line: None, collective="ring_attention")
+    assert [(r["algorithm"], r["n"]) for r in rows] == [(a, n) for a in ("gpipe", "1f1b") for n in (2, 3, 5, 8)]
+    assert len(rows2) == 3 and len(rows3) == 2 and len(rows4) == 2
+    assert not any(r["problems"] for r in rows + rows2 + rows3 + rows4), [r for r in rows + rows2 + rows3 + rows4
+                                                                          if r["problems"]]
+    assert "algorithms and schedules of 1 collectives and parallelisms" in summary
+    d = schedules.pipeline(5, check.micro_batches(5), "1f1b")
+    assert d["bubble"] == pytest.approx(bubble_fraction(5, 5), abs=1e-12) and check.pipeline_problems(d, 5, 5) == []
+    d["bubble"] += 0.01         # a page that counted its bubble wrong is named
+    d["msgs"].pop()             # and one that lost a message
+    problems = check.pipeline_problems(d, 5, 5)
+    assert len(problems) == 2 and "bubble counted" in problems[1] and "messages per stage" in problems[0]
+    assert cli.main(["--all", "pipeline", "interleaved", "-n", "2"]) == 2
+
+
+TOPOLOGIES = [("ethernet-100g", 6), ("h100-cluster", 20), ("fat-tree", 70), ("torus", 64), ("dragonfly", 40),
+              ("h100-rail", 24)]
+
+
+@pytest.mark.parametrize("topology,n", TOPOLOGIES)
+def test_every_route_is_drawn_as_a_connected_path_on_its_topology(topology, n):
+    """Each link the simulator routes a message over is drawn between two places, and a
+    message's links join end to end: from its sender (or the switch that holds it) to its
+    receiver, so the topology view draws the network the simulator times."""
+    import random
+
+    from collectives.sim import topology as topologies
+    from collectives.viz import layout
+    fabric = topologies.build(topologies.load(topology), n)
+    rng = random.Random(0)
+    names = {}
+    for _ in range(300):
+        src, dst = rng.sample(range(n), 2)
+        ids, _ = fabric.route(src, dst)
+        hops = [layout.link(fabric, x) for x in ids]
+        for x, (name, a, b, _) in zip(ids, hops):
+            assert names.setdefault(name, x) == x, f"two links named {name!r}"
+        for (_, _, b, _), (_, a, _, _) in zip(hops, hops[1:]):
+            assert b == a, (topology, src, dst, hops)
+        hub = layout.link(fabric, 2 * src)[2] if fabric.spec["kind"] != "torus" else None
+        assert hops[0][1] in (("rank", src), hub), (topology, src, hops)
+        into = layout.link(fabric, 2 * dst + 1)[1] if fabric.spec["kind"] != "torus" else None
+        assert hops[-1][2] in (("rank", dst), into), (topology, dst, hops)
+    d = model.build(record.record("all_reduce", "ring", n, topology))
+    assert all(0 <= link["a"] < len(d["places"]) and 0 <= link["b"] < len(d["places"]) for link in d["links"])
+    assert sorted(p[3] for p in d["places"] if p[2] == "rank") == list(range(n))
+    if fabric.spec["kind"] != "fat_tree":
+        assert not any("leaf" in link["name"] for link in d["links"])
+
+
+def test_a_torus_ring_draws_its_wrap_around_links_as_stubs():
+    d = model.build(record.record("all_reduce", "ring", 64, "torus"))      # 8x8
+    wraps = sorted(link["name"] for link in d["links"] if link["wrap"])
+    # each row's 7 -> 0 (x+), and the ring's way back from rank 63 to rank 0 (y+ from row 7 to row 0)
+    assert wraps == sorted([f"rank {8 * row + 7} -> rank {8 * row} (x+)" for row in range(8)] + ["rank 56 -> rank 0 (y+)"])

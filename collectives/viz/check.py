@@ -1,4 +1,5 @@
-"""``python -m collectives.viz --all -n 2-64``: every registered algorithm drawn at every N, checked.
+"""``python -m collectives.viz --all -n 2-64``: every registered algorithm, and every parallelism's
+schedule, drawn at every N, checked.
 
 The issue's promise is that any algorithm renders for any world of 2 to 64 ranks in a page a
 browser opens at once. This draws each page (the simulator's run, the page's data, the HTML
@@ -10,6 +11,13 @@ text) and checks what can be checked without a browser:
 * the page's bytes and messages per rank are exactly ``count_traffic``'s, each rank's counter
   listening to the same run.
 
+The parallelisms' pages (:mod:`.schedules`: FSDP's gathers and reduce-scatters, MoE's uneven
+all_to_all, ring attention's rotation, and GPipe and 1F1B on N stages of ``max(4, N)``
+micro-batches) are checked the same way; a pipeline's page is drawn from the schedule itself
+(no simulator, so no counter listens), so it is checked against its closed forms instead: each
+stage sends m activations down and m gradients up (the first and last stage one of them), and
+the bubble it counts from the slots is (p-1)/(m+p-1).
+
 It reports how many pages, the slowest and the largest, and the total time; the browser tests
 (``tests/test_viz_browser.py``) check that a browser shows those counters.
 """
@@ -18,12 +26,17 @@ import time
 
 from .. import observers
 from ..algorithms import REGISTRY
-from . import model, record, render
+from . import model, record, render, schedules
+
+# the parallelisms' pages, as (what, variant): the name --all takes, and the schedule for pipeline
+PARALLEL = {"fsdp": ("ring",), "moe": ("uneven_all_to_all",), "ring_attention": ("rotation",),
+            "pipeline": ("gpipe", "1f1b")}
 
 
 def cases(sizes, collective=None, algorithm=None):
-    """(collective, algorithm, N) for every registered algorithm (or the one named) at each N."""
-    for c, algs in REGISTRY.items():
+    """(collective, algorithm, N) for every registered algorithm (or the one named) at each N,
+    then every parallelism's schedule (:data:`PARALLEL`) when no collective is named, or the one named."""
+    for c, algs in [*REGISTRY.items(), *PARALLEL.items()]:
         if collective not in (None, c):
             continue
         for a in algs:
@@ -31,6 +44,26 @@ def cases(sizes, collective=None, algorithm=None):
                 continue
             for n in sizes:
                 yield c, a, n
+
+
+def micro_batches(n):
+    """The micro-batches of the pipeline drawn on ``n`` stages: at least as many as stages (1F1B's
+    steady state), so the bubble is the formula's."""
+    return max(4, n)
+
+
+def pipeline_problems(d, p, m):
+    """What is wrong with a pipeline page, against the closed forms of :mod:`collectives.parallel.pipeline`."""
+    from ..parallel.pipeline import bubble_fraction
+    problems = []
+    want = [((m if s < p - 1 else 0) + (m if s > 0 else 0)) for s in range(p)]
+    sent = [sum(1 for x in d["msgs"] if x[0] == s) for s in range(p)]
+    received = [sum(1 for x in d["msgs"] if x[1] == s) for s in range(p)]
+    if sent != want or received != want:
+        problems.append(f"messages per stage sent {sent} and received {received}, not {want}")
+    if abs(d["bubble"] - bubble_fraction(p, m)) > 1e-12:
+        problems.append(f"bubble counted {d['bubble']:.6f}, the formula's {bubble_fraction(p, m):.6f}")
+    return problems
 
 
 def shown_counters(d):
@@ -57,7 +90,12 @@ def check(collective, algorithm, n, topology="ethernet-100g"):
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
         counters = [stack.enter_context(observers.count_traffic(rank=r)) for r in range(n)]
-        d = model.build(record.record(collective, algorithm, n, topology))
+        if collective == "pipeline":
+            d = schedules.pipeline(n, micro_batches(n), algorithm)
+        elif collective in PARALLEL:
+            d = schedules.PARALLELISMS[collective](n, topology=topology)
+        else:
+            d = model.build(record.record(collective, algorithm, n, topology))
     text = render.html(d)
     seconds = time.perf_counter() - start
     size = len(text.encode())
@@ -69,7 +107,9 @@ def check(collective, algorithm, n, topology="ethernet-100g"):
     if d["wrong"]:
         problems.append(f"a wrong chunk: {d['wrong']['text']}")
     counted = [(c.sent_bytes, c.recv_bytes, c.sent_messages, c.recv_messages) for c in counters]
-    if shown_counters(d) != counted:
+    if collective == "pipeline":
+        problems += pipeline_problems(d, n, micro_batches(n))
+    elif shown_counters(d) != counted:
         problems.append("the page's counters differ from count_traffic's")
     return dict(collective=collective, algorithm=algorithm, n=n, seconds=seconds, bytes=size,
                 problems=problems), text
@@ -120,7 +160,8 @@ def run(sizes, collective=None, algorithm=None, topology="ethernet-100g", out=No
     big = max(rows, key=lambda r: r["bytes"])
     bad = [r for r in rows if r["problems"]]
     kinds = {(r["collective"], r["algorithm"]) for r in rows}
-    lines = [f"checked {len(rows)} pages ({len(kinds)} algorithms of {len({c for c, _ in kinds})} collectives "
+    lines = [f"checked {len(rows)} pages ({len(kinds)} algorithms and schedules of {len({c for c, _ in kinds})} "
+             f"collectives and parallelisms "
              f"x N = {span(r['n'] for r in rows)}) in {total:.1f} s" +
              (f", written to {out}" if out is not None else ", none written (-o FOLDER writes them)"),
              f"  slowest: {slow['collective']}/{slow['algorithm']} N={slow['n']}, {slow['seconds']:.2f} s",
@@ -130,5 +171,6 @@ def run(sizes, collective=None, algorithm=None, topology="ethernet-100g", out=No
         lines.append(f"  {len(bad)} page(s) with problems:")
         lines += [f"    {r['collective']}/{r['algorithm']} N={r['n']}: {'; '.join(r['problems'])}" for r in bad[:20]]
     else:
-        lines.append("  every page: at most the bound, ended right, its counters equal to count_traffic's")
+        lines.append("  every page: at most the bound, ended right, its counters equal to count_traffic's "
+                     "(a pipeline's: to its closed forms, its bubble to (p-1)/(m+p-1))")
     return rows, "\n".join(lines)

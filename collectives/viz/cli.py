@@ -48,7 +48,8 @@ def parser():
                    help=f"--real: seconds a rank waits for one message before the run is drawn as hung "
                         f"(default {record.REAL_HANG:g})")
     p.add_argument("--all", action="store_true",
-                   help="every algorithm of every collective (or of the one named) at each --world-size, each page "
+                   help="every algorithm of every collective and every parallelism's schedule (or those of the one "
+                        "named; a pipeline of N stages runs max(4, N) micro-batches) at each --world-size, each page "
                         "checked (at most 2 MB, ended right, its counters equal to count_traffic's); prints the "
                         "count, the slowest and the largest page and the total time; exit 1 if a page fails")
     return p
@@ -115,11 +116,12 @@ def main(argv=None):
         if args.all and args.real:
             raise ValueError("--real draws one run; --all draws every algorithm on the simulator")
         if args.all:
-            if args.what is not None and args.what not in REGISTRY:
-                raise ValueError(f"--all draws collectives ({', '.join(REGISTRY)}), not {args.what!r}")
-            if args.algorithm is not None and args.algorithm not in REGISTRY[args.what]:
+            kinds = {**REGISTRY, **check.PARALLEL}
+            if args.what is not None and args.what not in kinds:
+                raise ValueError(f"--all draws collectives and parallelisms ({', '.join(kinds)}), not {args.what!r}")
+            if args.algorithm is not None and args.algorithm not in kinds[args.what]:
                 raise ValueError(f"unknown algorithm {args.algorithm!r} for {args.what}; known: "
-                                 f"{', '.join(REGISTRY[args.what])}")
+                                 f"{', '.join(kinds[args.what])}")
             for n in sizes:     # a page too large to draw is refused before any page is drawn
                 record._checked_world(n, "all_reduce", 0, record.MAX_RANKS, "too many boxes to draw")
             rows, summary = check.run(sizes, args.what, args.algorithm, args.topology, args.output)

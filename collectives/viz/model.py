@@ -111,7 +111,7 @@ def _wrong(rec, steps, index, decode):
 
 def build(rec):
     """The page's data (plain JSON values) for a recording from :func:`record.record`."""
-    from .record import decode, key, link_name
+    from .record import decode, key
     n, fabric = rec["n"], rec["fabric"]
     steps, index, states = _frames(rec)
     dec = lambda v: decode(v, rec["mode"], n)  # noqa: E731
@@ -142,7 +142,9 @@ def build(rec):
         msgs.append([m["src"], m["dst"], index[m["step"]], m["nbytes"], m["start"], m["end"], p,
                      -1 if m["src_cell"] is None else m["src_cell"], -1 if m["dst_cell"] is None else m["dst_cell"],
                      m["cells"], [link_ids.index(x) for x in m["links"]]])
-    links = [dict(name=link_name(fabric, x), flows=flows[x]) for x in link_ids]
+    from .layout import draw
+    places, ends = draw(fabric, link_ids)
+    links = [dict(name=name, flows=flows[x], a=a, b=b, wrap=wrap) for x, (name, a, b, wrap) in zip(link_ids, ends)]
     from .record import STRIDE
     names = rec.get("names")
     labels = [f"{names[s // STRIDE]}, step {s % STRIDE}" if names else str(s) for s in steps]
@@ -154,7 +156,8 @@ def build(rec):
                               f"measured: {n} gloo processes on one host, one thread each; the time axis is "
                               f"wall-clock microseconds after the ranks left a barrier together",
                               per=rec["topology"].get("ranks_per_node") or rec["topology"].get("ranks_per_leaf") or n),
-                steps=steps, provs=provs, init=init, changes=changes, msgs=msgs, links=links, time=rec["time"],
+                steps=steps, provs=provs, init=init, changes=changes, msgs=msgs, links=links, places=places,
+                time=rec["time"],
                 failure=rec["failure"], wrong=None, summary=rec["mode"] is None, clock=clock)
     data["wrong"] = _wrong(rec, steps, index, dec)
     # a real run's posts never waited on (record.record_real): the simulator calls an unmatched

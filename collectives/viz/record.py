@@ -74,6 +74,8 @@ class Provenance:
         self.fn = torch.add if mode == "nibbles" else torch.bitwise_or
 
     def combine(self, acc, x):
+        if self.mode is None:      # a summary's run (meta tensors): sizes only, no provenance to check
+            return acc.add_(x)
         if self.mode == "bits":
             both = acc & x
             if bool(both.any()):
@@ -129,17 +131,9 @@ def inputs(collective, r, n, root, mode, device):
 
 
 def link_name(fabric, link):
-    """A reader's name for one of ``fabric.route``'s link ids."""
-    n, s = fabric.n, fabric.spec
-    if link < 2 * n:
-        return f"rank {link // 2} {'out' if link % 2 == 0 else 'in'}"
-    if s["kind"] == "flat":
-        return "host memory"
-    x, out = (link - 2 * n) // 2, (link - 2 * n) % 2 == 0
-    if s["kind"] == "nodes":
-        who = f"rank {x}" if s["nic"] == "rank" else f"node {x}"
-        return f"NIC of {who} {'out' if out else 'in'}"
-    return f"leaf {x} {'up' if out else 'down'}"
+    """A reader's name for one of ``fabric.route``'s link ids (:func:`collectives.viz.layout.link`)."""
+    from .layout import link as _link
+    return _link(fabric, link)[0]
 
 
 def _where(tensor, bufs):
