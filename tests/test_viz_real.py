@@ -307,6 +307,13 @@ def all_gather(tensor_list, tensor, group=None):
             tensor_list[q].copy_(tensor)
         else:
             dist.recv(tensor_list[q], q)
+
+
+def all_reduce(tensor, group=None):
+    r, n = dist.get_rank(), dist.get_world_size()
+    got = torch.empty_like(tensor)
+    dist.recv(got, (r - 1) % n)             # every rank receives first: nobody sends
+    dist.send(tensor, (r + 1) % n)
 """
 
 
@@ -331,6 +338,9 @@ def test_a_torch_api_learners_wrong_sum_hang_and_unwaited_sends_are_drawn(tmp_pa
     assert d["failure"] is None and d["wrong"] is None        # right, but two sends per rank never waited on
     assert sorted((u["rank"], u["kind"], u["peer"]) for u in d["unwaited"]) == \
         [(r, "send", q) for r in range(3) for q in range(3) if q != r]
+
+    rec = record.record_real("all_reduce", load("all_reduce", str(mine)), 3, timeout=TIMEOUT, hang=HANG, calls="torch")
+    assert rec["failure"]["type"] == "recv-recv" and [c["kind"] for c in rec["failure"]["cycle"]] == ["recv"] * 3
 
 
 def test_grade_html_draws_a_torch_api_exercise_beside_its_reference(tmp_path, capsys):
