@@ -26,9 +26,18 @@ def _val(r, mode, e):
     return torch.full((e,), record.contribution(r, mode), dtype=torch.int64)
 
 
-def fsdp(world_size, layers=3, algorithm="ring", topology="ethernet-100g"):
-    """FSDP's collectives for ``layers`` layers (each rank holds one element of each)."""
+FSDP_MESSAGES = 12000    # about the most messages an FSDP page draws (its 2 MB bound at 64 ranks)
+
+
+def fsdp(world_size, layers=None, algorithm="ring", topology="ethernet-100g"):
+    """FSDP's collectives for ``layers`` layers (each rank holds one element of each).
+
+    ``layers``: None draws 3 where the page stays small, fewer in large worlds (each layer
+    is three calls of N(N-1) ring messages: 3 layers at 64 ranks would be 36,288 messages and
+    3.2 MB of page), at least 1: ``min(3, FSDP_MESSAGES // (3 N (N-1)))``."""
     n = world_size
+    if layers is None:
+        layers = max(1, min(3, FSDP_MESSAGES // max(1, 3 * n * (n - 1))))
     every = set(range(n))
 
     def calls(r, mode):
@@ -47,7 +56,8 @@ def fsdp(world_size, layers=3, algorithm="ring", topology="ethernet-100g"):
         names += [f"backward all_gather layer {i}", f"reduce_scatter grad layer {i}"]
     rec = record.record_program("fsdp", n, calls, topology, names)
     d = model.build(rec)
-    d["title"] = f"FSDP on {n} ranks: {layers} layers, {algorithm} all_gather and reduce_scatter (chapter 18)"
+    d["title"] = (f"FSDP on {n} ranks: {layers} layer{'s' if layers > 1 else ''}, {algorithm} all_gather and "
+                  f"reduce_scatter (chapter 18)")
     per = sum(m[3] for m in d["msgs"] if m[0] == 0 and d["labels"][m[2]].startswith("forward all_gather layer 0"))
     d["questions"] = d["questions"] + [_q("How many bytes does rank 0 send to gather layer 0 for the forward?", per,
                                           "its messages of that all_gather", unit="B")]
