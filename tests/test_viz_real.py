@@ -399,3 +399,18 @@ def test_every_torch_api_exercises_reference_is_drawn_right_for_real(collective)
     assert [[sum(m[3] for m in d["msgs"] if m[0] == r), sum(m[3] for m in d["msgs"] if m[1] == r),
              sum(1 for m in d["msgs"] if m[0] == r), sum(1 for m in d["msgs"] if m[1] == r)]
             for r in range(3)] == rec["traffic"]
+
+
+def test_the_cli_draws_a_torch_api_function_for_real(tmp_path, capsys):
+    from tutorials.exercises import grade
+    out = tmp_path / "mine.html"
+    ref = grade.HERE / "solutions" / "all_reduce.py"
+    assert cli.main(["all_reduce", "--function", f"{ref}:all_reduce", "--torch", "-n", "3", "-o", str(out)]) == 0
+    assert "torch.distributed point-to-point calls through our door" in out.read_text()
+    mine = tmp_path / "door.py"
+    mine.write_text("def all_reduce(comm, tensor, op):\n    pass\n")
+    assert cli.main(["all_reduce", "--function", f"{mine}:all_reduce", "--torch", "-n", "2"]) == 2
+    assert cli.main(["all_reduce", "ring", "--torch", "-n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "does not take the arguments of the all_reduce of torch.distributed: all_reduce(tensor)" in err
+    assert "--torch says how your --function is written" in err

@@ -181,9 +181,10 @@ def messages_at_most(collective, algorithm, n, size, item):
     return n * cost(collective, algorithm, n, call_bytes(collective, e, n, item), item).messages
 
 
-def load_function(spec, collective):
+def load_function(spec, collective, api="door"):
     """The learner's function from ``FILE.py:NAME`` (NAME defaults to the collective), checked
-    against the signature of the registered algorithms of ``collective``."""
+    against the signature of the registered algorithms of ``collective`` (``api="torch"``: of
+    torch's collective instead, the algorithms' arguments without ``comm`` and ``op``)."""
     path, _, name = spec.partition(":")
     name = name or collective
     if not os.path.isfile(path):
@@ -199,6 +200,8 @@ def load_function(spec, collective):
         raise ValueError(f"--function {spec}: {path} defines no function {name!r}")
     reference = next(iter(REGISTRY[collective].values()))
     want = [p.name for p in inspect.signature(reference).parameters.values() if p.default is p.empty]
+    if api == "torch":
+        want = [w for w in want if w not in ("comm", "op")]
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -209,8 +212,8 @@ def load_function(spec, collective):
     positional = [p for p in params or () if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if params is None or len(required) > len(want) or (len(positional) < len(want) and not takes_rest):
         raise ValueError(f"--function {spec}: {name}{inspect.signature(fn) if params is not None else '(?)'} "
-                         f"does not take the arguments of the {collective} algorithms: "
-                         f"{collective}({', '.join(want)})")
+                         f"does not take the arguments of the {collective} "
+                         f"{'of torch.distributed' if api == 'torch' else 'algorithms'}: {collective}({', '.join(want)})")
     return fn
 
 

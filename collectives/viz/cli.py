@@ -9,6 +9,7 @@ Usage::
     python -m collectives.viz --all -n 2,5,8 -o pages/      # every algorithm at each N, written
     python -m collectives.viz --all -n 2-64                 # every page drawn and checked, none written
     python -m collectives.viz --all all_reduce ring -n 2-64 # one algorithm's pages, checked
+    python -m collectives.viz all_reduce --function mine.py:all_reduce --torch -n 4   # torch's API, real
     python -m collectives.viz all_reduce ring -n 4 --real  # a real run: 4 gloo processes, measured time
     python -m collectives.viz all_reduce --function mine.py:all_reduce -n 4 --real   # yours, for real
 
@@ -44,6 +45,10 @@ def parser():
     p.add_argument("--real", action="store_true",
                    help="run the algorithm (registered, or yours with --function) in real processes (gloo, one "
                         "host, N <= 15) instead of the simulator: the page's messages and times are measured")
+    p.add_argument("--torch", action="store_true",
+                   help="with --function: your function is written against torch's API (all_reduce(tensor, "
+                        "group=None) with dist.isend, dist.irecv, ...), as the course's exercises are; it runs in "
+                        "real processes, its point-to-point calls through our door (implies --real)")
     p.add_argument("--hang-seconds", type=float, default=record.REAL_HANG,
                    help=f"--real: seconds a rank waits for one message before the run is drawn as hung "
                         f"(default {record.REAL_HANG:g})")
@@ -56,6 +61,9 @@ def parser():
 
 
 def build(args, n):
+    if args.torch and not args.function:
+        raise ValueError("--torch says how your --function is written; give --function FILE.py:NAME too")
+    args.real = args.real or args.torch
     if args.real and args.what not in REGISTRY:
         raise ValueError(f"--real draws one collective call ({', '.join(REGISTRY)}), not {args.what!r}")
     if args.what == "pipeline":
@@ -68,9 +76,10 @@ def build(args, n):
     algorithm = args.algorithm or next(iter(REGISTRY[args.what]))
     if args.function:
         from ..sim.cli import load_function
-        algorithm = load_function(args.function, args.what)
+        algorithm = load_function(args.function, args.what, api="torch" if args.torch else "door")
     if args.real:
-        return model.build(record.record_real(args.what, algorithm, n, args.root, hang=args.hang_seconds))
+        return model.build(record.record_real(args.what, algorithm, n, args.root, hang=args.hang_seconds,
+                                              calls="torch" if args.torch else "door"))
     return model.build(record.record(args.what, algorithm, n, args.topology, args.root))
 
 
