@@ -250,8 +250,8 @@ def other_programs():
                           "--plot", str(FIGURES / "ch16_pipeline_timeline.png")])
     assert ch19_expert.FIGURE == FIGURES / "moe_load.png"
     run(ch19_expert.figure, ch19_expert.WORLD_SIZE)
-    # Stills of the browser pages (chapters 4, 5, 14, 16): simulator-recorded pages, photographed
-    # by the system's headless Chromium.
+    # Stills of the browser pages (chapters 4, 5, 14, 16): recorded pages (the simulator's, and one
+    # real run of chapter 4's exercise), photographed by the system's headless Chromium.
     from collectives.viz import shots
     assert set(shots.PAGES) == {name.removesuffix(".png") for name in VIZ_STILLS}
     if shots.main([str(FIGURES)]) != 0:
@@ -259,7 +259,7 @@ def other_programs():
 
 
 VIZ_STILLS = ("viz_ring_allreduce_8.png", "viz_recursive_doubling_8.png", "viz_ring_64_h100.png",
-              "viz_pipeline_1f1b.png", "viz_pipeline_gpipe.png")
+              "viz_pipeline_1f1b.png", "viz_pipeline_gpipe.png", "viz_grade_all_reduce_deadlock.png")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,19 @@ PAGES = {   # file stem -> how to build it (chapter)
     "viz_ring_64_h100": lambda: model.build(record.record("all_reduce", "ring", 64, "h100-cluster")),  # 14
     "viz_pipeline_1f1b": lambda: schedules.pipeline(4, 8, "1f1b"),                                  # 16
     "viz_pipeline_gpipe": lambda: schedules.pipeline(4, 8, "gpipe"),                                # 16
+    "viz_grade_all_reduce_deadlock": lambda: _deadlocked_exercise(),                                # 4
 }
+FRAMES = {"viz_grade_all_reduce_deadlock": "end"}     # the frame each still shows (default 3)
+
+
+def _deadlocked_exercise():
+    """Chapter 4's exercise with a blocking send first on every rank (tutorials/exercises/wrong/),
+    drawn as the grader's --html draws it: 4 real processes, torch's calls through our door."""
+    from pathlib import Path
+
+    from tutorials.exercises._common import load
+    wrong = Path(__file__).resolve().parents[2] / "tutorials" / "exercises" / "wrong" / "all_reduce_deadlock.py"
+    return model.build(record.record_real("all_reduce", load("all_reduce", str(wrong)), 4, hang=3, calls="torch"))
 
 
 def main(argv=None):
@@ -31,7 +43,7 @@ def main(argv=None):
             subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                             "--disable-background-networking", "--disable-component-update", "--disable-sync",
                             f"--user-data-dir={tmp}/profile", "--window-size=1280,900", "--hide-scrollbars",
-                            f"--screenshot={out / (stem + '.png')}", f"file://{page}#frame=3"],
+                            f"--screenshot={out / (stem + '.png')}", f"file://{page}#frame={FRAMES.get(stem, 3)}"],
                            capture_output=True, timeout=120, check=True)
         png = out / (stem + ".png")
         if png.stat().st_size > 180_000:     # the course keeps figures under 200 KB: fewer colours
