@@ -259,7 +259,8 @@ def other_programs():
 
 
 VIZ_STILLS = ("viz_ring_allreduce_8.png", "viz_recursive_doubling_8.png", "viz_ring_64_h100.png",
-              "viz_pipeline_1f1b.png", "viz_pipeline_gpipe.png", "viz_grade_all_reduce_deadlock.png")
+              "viz_pipeline_1f1b.png", "viz_pipeline_gpipe.png", "viz_grade_all_reduce_deadlock.png",
+              "viz_ring_64_torus.png")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ PAGES = {   # file stem -> how to build it (chapter)
     "viz_pipeline_1f1b": lambda: schedules.pipeline(4, 8, "1f1b"),                                  # 16
     "viz_pipeline_gpipe": lambda: schedules.pipeline(4, 8, "gpipe"),                                # 16
     "viz_grade_all_reduce_deadlock": lambda: _deadlocked_exercise(),                                # 4
+    "viz_ring_64_torus": lambda: model.build(record.record("all_reduce", "ring", 64, "torus")),      # 14
 }
-FRAMES = {"viz_grade_all_reduce_deadlock": "end"}     # the frame each still shows (default 3)
+FRAMES = {"viz_grade_all_reduce_deadlock": "end", "viz_ring_64_torus": "end"}   # the frame shown (default 3)
+HEIGHTS = {"viz_ring_64_torus": 1250}     # tall enough to show the topology view (default 900)
 
 
 def _deadlocked_exercise():
@@ -42,7 +44,7 @@ def main(argv=None):
             page = render.write(build(), Path(tmp) / f"{stem}.html")
             subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                            f"--user-data-dir={tmp}/profile", "--window-size=1280,900", "--hide-scrollbars",
+                            f"--user-data-dir={tmp}/profile", f"--window-size=1280,{HEIGHTS.get(stem, 900)}", "--hide-scrollbars",
                             f"--screenshot={out / (stem + '.png')}", f"file://{page}#frame={FRAMES.get(stem, 3)}"],
                            capture_output=True, timeout=120, check=True)
         png = out / (stem + ".png")
