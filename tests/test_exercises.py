@@ -442,8 +442,8 @@ def test_html_draws_the_learners_run_beside_the_reference(tmp_path):
     _, data = viz.side_by_side("all_reduce", load("sim_all_reduce", str(SOLUTIONS / "sim_all_reduce.py")),
                                4, tmp_path / "right.html")
     assert not data.get("failure") and not data.get("wrong")
-    with pytest.raises(SystemExit):
-        main(["all_reduce", "--html", str(tmp_path / "x.html")])
+    with pytest.raises(SystemExit):     # not a collective's exercise (all_reduce's: tests/test_viz_real.py)
+        main(["pipeline_1f1b", "--html", str(tmp_path / "x.html")])
 
 
 def test_list_shows_every_exercise_with_its_chapter_difficulty_and_hint(capsys):
