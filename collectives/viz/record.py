@@ -546,22 +546,21 @@ def _real_rank(rank, n, collective, name, root, mode, source, calls="door"):
     from ..errors import CollectiveError
     args, outs, expect = inputs(collective, rank, n, root, mode, "cpu")
     clock, notes, seen = _Clock(rank, n), [], observers.Trace()
-    if calls == "torch":
-        door = _TorchCalls(rank, outs, clock)
-        patched = door.patched()
-        patched.__enter__()       # before the file is loaded: a name it imports from dist is ours too
-        fn = _load(source)
-        run = lambda: fn(*args)   # noqa: E731
-    else:
-        fn = REGISTRY[collective][name] if source is None else _load(source)
-        door = _recording_comm(None, collective, name, clock=clock, outs=outs, seen=seen)
-        if collective in REDUCING:
-            args.append(Provenance(mode, clock, rank, notes))
-        run = (lambda: local(collective, args)) if n == 1 else (lambda: fn(door, *args))
-    dist.barrier()       # the ranks start together, so one clock (time.time, one host) serves all
-    clock.t0 = time.time()
     stuck = None
-    try:
+    with contextlib.ExitStack() as stack:
+        if calls == "torch":
+            door = _TorchCalls(rank, outs, clock)
+            stack.enter_context(door.patched())   # before the file is loaded: a name it imports from dist is ours too
+            fn = _load(source)
+            run = lambda: fn(*args)   # noqa: E731
+        else:
+            fn = REGISTRY[collective][name] if source is None else _load(source)
+            door = _recording_comm(None, collective, name, clock=clock, outs=outs, seen=seen)
+            if collective in REDUCING:
+                args.append(Provenance(mode, clock, rank, notes))
+            run = (lambda: local(collective, args)) if n == 1 else (lambda: fn(door, *args))
+        dist.barrier()       # the ranks start together, so one clock (time.time, one host) serves all
+        clock.t0 = time.time()
         with observers.observing(seen), observers.count_traffic() as counted:
             try:
                 run()
@@ -570,9 +569,6 @@ def _real_rank(rank, n, collective, name, root, mode, source, calls="door"):
                     raise
                 kind, peer, step, nbytes = door.stuck
                 stuck = dict(kind=kind, peer=peer, step=step, nbytes=nbytes, error=str(exc).splitlines()[0])
-    finally:
-        if calls == "torch":
-            patched.__exit__(None, None, None)
     ended = time.time()
     messages = door.steps(seen.messages) if calls == "torch" else seen.messages
     return dict(t0=clock.t0, end=ended, traffic=[counted.sent_bytes, counted.recv_bytes, counted.sent_messages,
