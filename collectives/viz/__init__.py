@@ -22,17 +22,20 @@ Example::
     >>> from collectives import viz
     >>> viz.page("all_reduce", "ring", 8, path="ring8.html")      # open it in a browser
     >>> viz.show("all_reduce", "ring", 4)                          # inline, in a notebook
+    >>> viz.show("all_reduce", "ring", 4, real=True)               # from 4 real processes
 """
 from . import model, record as _record, render
 from .record import MAX_MESSAGES, MAX_RANKS, TooLarge, record_real  # noqa: F401 (record_real: a real run)
 
 
-def data(collective, algorithm, world_size, topology="ethernet-100g", root=0):
+def data(collective, algorithm, world_size, topology="ethernet-100g", root=0, real=False):
     """The page's data for one call (see :func:`page`)."""
+    if real:
+        return model.build(record_real(collective, algorithm, world_size, root))
     return model.build(_record.record(collective, algorithm, world_size, topology, root))
 
 
-def page(collective, algorithm, world_size, path=None, topology="ethernet-100g", root=0):
+def page(collective, algorithm, world_size, path=None, topology="ethernet-100g", root=0, real=False):
     """Record ``algorithm`` of ``collective`` on ``world_size`` simulated ranks and draw it.
 
     Args:
@@ -44,6 +47,8 @@ def page(collective, algorithm, world_size, path=None, topology="ethernet-100g",
         topology: a ``collectives.sim`` preset (``ethernet-100g``, ``h100-cluster``,
             ``fat-tree``), a JSON file or a dict.
         root: the root of broadcast, reduce, scatter and gather.
+        real: run it in ``world_size`` real processes on this machine instead (:func:`record_real`:
+            gloo, one host, at most 15 ranks; the time axis measured, ``topology`` unused).
 
     Returns:
         The path written, or the HTML text when ``path`` is None.
@@ -52,7 +57,7 @@ def page(collective, algorithm, world_size, path=None, topology="ethernet-100g",
 
         >>> viz.page("all_reduce", "ring", 8, path="ring8.html")
     """
-    d = data(collective, algorithm, world_size, topology, root)
+    d = data(collective, algorithm, world_size, topology, root, real)
     return render.write(d, path) if path is not None else render.html(d)
 
 
@@ -62,8 +67,10 @@ def show(collective, algorithm, world_size, height=720, **kwargs):
 
     from IPython.display import HTML
     text = page(collective, algorithm, world_size, **kwargs)
-    return HTML(f'<iframe srcdoc="{_html.escape(text, quote=True)}" style="width:100%;height:{height}px;'
-                f'border:1px solid #ccc"></iframe>')
+    # in a <div>: IPython warns about HTML that starts with an iframe (it suggests IFrame, which
+    # needs a URL; the page is inline, with no server)
+    return HTML(f'<div><iframe srcdoc="{_html.escape(text, quote=True)}" style="width:100%;height:{height}px;'
+                f'border:1px solid #ccc"></iframe></div>')
 
 
 __all__ = ["MAX_MESSAGES", "MAX_RANKS", "TooLarge", "data", "page", "show", "side_by_side"]
