@@ -414,3 +414,13 @@ def test_the_cli_draws_a_torch_api_function_for_real(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "does not take the arguments of the all_reduce of torch.distributed: all_reduce(tensor)" in err
     assert "--torch says how your --function is written" in err
+
+
+def test_a_notebook_shows_a_real_run_inline_without_a_warning():
+    import warnings
+
+    from collectives import viz
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # IPython warns about HTML that starts with an iframe
+        shown = viz.show("all_reduce", "ring", 2, real=True)
+    assert shown.data.startswith("<div><iframe") and "a real run" in shown.data
