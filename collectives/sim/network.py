@@ -153,14 +153,15 @@ class Network:
         if version != flow.version:
             return                       # its rate changed since: a later event stands
         flow.remaining = 0.0
-        links = flow.links
-        for link in links:
-            on = self.active[link]
+        active, shared = self.active, None
+        for link in flow.links:
+            on = active[link]
             del on[flow]
-            if not on:
-                del self.active[link]
+            if on:
+                shared = [link] if shared is None else shared + [link]
+            else:
+                del active[link]
         flow.version += 1
-        shared = [link for link in links if link in self.active]
         if shared:
             self._mark(shared)
         done, args = flow.done

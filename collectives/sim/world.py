@@ -138,6 +138,7 @@ class World:
         check_noise(fabric.n, stragglers, delays, jitter, seed, slow_links)
         self.network = Network(self, slowed(fabric, slow_links))
         self.step_ids = {}            # step -> its index in every rank's ``steps`` bytes
+        self.routes = {}              # src * n + dst -> what ``_route`` worked out for the pair
         self.link_bytes = dict.fromkeys(fabric.classes or (), 0)   # link class -> bytes put on it
         self.unmatched = {}           # (src, dst, step, nbytes) -> [ends], oldest first
         self.send_free = [0.0] * self.n   # when each rank's next message set-up can begin
@@ -184,8 +185,12 @@ class World:
         collecting = gc.isenabled()
         gc.disable()   # millions of short-lived records and no cycles among them: the collector only costs
         memory = MemoryWork(self) if self.fabric.memory else contextlib.nullcontext()
+        # sizes only (meta): no tensor leaves the simulation, so none needs autograd's record
+        # of the view it is, half of each view's memory (615 bytes, 292 without), and a ring
+        # holds N views on each of its N ranks
+        bare = torch.inference_mode() if not self.real_data else contextlib.nullcontext()
         try:
-            with memory:
+            with bare, memory:
                 self._loop() if self.progress is None else self._loop_reporting()
         finally:
             if collecting:
@@ -299,9 +304,12 @@ class World:
         return start + seconds
 
     def compute(self, rank, nbytes):
-        """``rank`` reduces ``nbytes``: it is busy gamma * nbytes; the network is not."""
+        """``rank`` reduces ``nbytes``: it is busy gamma * nbytes (``busy``); the network is not."""
         self.ranks[rank].reduced_bytes += nbytes
-        self.busy(rank, self.fabric.gamma_at(nbytes) * nbytes)
+        seconds = self.fabric.gamma_at(nbytes) * nbytes
+        if self.slow is not None:
+            seconds *= self.slow[rank]
+        self._busy(rank, seconds)
 
     def settle(self, rank, seconds=0.0):
         """``rank`` takes CPU time for its local work since it last did (``MemoryWork``) and
@@ -384,29 +392,39 @@ class World:
             self._block(r)
         return ends
 
+    def _route(self, src, dst):
+        """(links, alpha, gap, the class of each link) of a message from ``src`` to ``dst``,
+        kept: a ring asks for the same N pairs 2(N-1) times each. An all_to_all asks for N^2
+        pairs, once or twice each, so the table is emptied when it passes 8N: keeping those
+        would cost memory and save nothing."""
+        routes, fabric = self.routes, self.fabric
+        if len(routes) > 8 * self.n:
+            routes.clear()
+        links, alpha = fabric.route(src, dst)
+        route = routes[src * self.n + dst] = (links, alpha, fabric.gap_of(src, dst, alpha),
+                                              [fabric.classes[link] for link in links])
+        return route
+
     def _match(self, a, b):
         send, recv = (a, b) if a.kind == "send" else (b, a)
         src, dst = send.rank, recv.rank
-        links, alpha = self.fabric.route(src, dst)
-        gap = self.fabric.gap_of(src, dst, alpha)
+        links, alpha, gap, classes = self.routes.get(src * self.n + dst) or self._route(src, dst)
         if self.slow is not None:
             factor = max(self.slow[src], self.slow[dst])
             alpha, gap = alpha * factor, gap * factor
         if self.noise is not None:
             alpha += self.noise.expovariate(1.0 / self.jitter)
-        classes, counts, nbytes = self.fabric.classes, self.link_bytes, send.nbytes
-        for link in links:
-            counts[classes[link]] += nbytes
+        counts, nbytes = self.link_bytes, send.nbytes
+        for cls in classes:
+            counts[cls] += nbytes
         send.links = links
         start = max(self.now, send.posted, recv.posted, self.send_free[src], self.recv_free[dst])
         self.send_free[src] = self.recv_free[dst] = start + gap
         heapq.heappush(self.queue, (start + alpha, next(self._seq), self.network.start,
                                     (links, send.nbytes, self._complete, send, recv)))
 
-    def _saw(self, rank, step):
-        i = self.step_ids.get(step)
-        if i is None:
-            i = self.step_ids[step] = len(self.step_ids)
+    def _saw(self, rank, i):
+        """``rank`` took part in the step of index ``i`` (``step_ids``)."""
         seen = rank.steps
         if i >= len(seen):
             seen.extend(bytes(max(i + 1 - len(seen), len(seen))))
@@ -423,8 +441,11 @@ class World:
         s.sent_bytes += send.nbytes
         r.recv_messages += 1
         r.recv_bytes += recv.nbytes
-        self._saw(s, send.step)
-        self._saw(r, recv.step)
+        i = self.step_ids.get(send.step)     # both ends have the same step: they matched on it
+        if i is None:
+            i = self.step_ids[send.step] = len(self.step_ids)
+        self._saw(s, i)
+        self._saw(r, i)
         if self.watching:
             classes, per = self.fabric.classes, {}
             for link in send.links:
@@ -458,12 +479,14 @@ class World:
     def wait(self, rank, ends):
         if self.schedule is not None and ends:
             self.schedule[rank].append(("wait", [e.seq for e in ends]))
-        left = [e for e in ends if not e.done]
+        left = []
+        for e in ends:
+            if not e.done:
+                e.watched = True
+                left.append(e)
         if not left:
             return
         r = self.ranks[rank]
-        for e in left:
-            e.watched = True
         r.waiting, r.left = left, len(left)
         self._block(r)
 
@@ -548,9 +571,10 @@ class SimDoor:
                                                                  self.collective, self.algorithm))
 
     def exchange(self, step, sends=(), recvs=()):
-        ends = self.world.post(self.rank, step, sends, recvs, self.collective, self.algorithm)
+        world = self.world
+        ends = world.post(self.rank, step, sends, recvs, self.collective, self.algorithm)
         if ends:
-            self.world.wait(self.rank, ends)
+            world.wait(self.rank, ends)
 
     def send(self, tensor, peer, step):
         self.exchange(step, sends=((tensor, peer),))
@@ -559,7 +583,12 @@ class SimDoor:
         self.exchange(step, recvs=((tensor, peer),))
 
     def sendrecv(self, send_tensor, dst, recv_tensor, src, step):
-        self.exchange(step, ((send_tensor, dst),), ((recv_tensor, src),))
+        # exchange()'s body, not a call to it: a ring calls this 2(N-1) times on each rank
+        world = self.world
+        ends = world.post(self.rank, step, ((send_tensor, dst),), ((recv_tensor, src),),
+                          self.collective, self.algorithm)
+        if ends:
+            world.wait(self.rank, ends)
 
 
 class ChargedOp:
@@ -571,11 +600,13 @@ class ChargedOp:
         self.op, self.name, self.fn, self.average = red.op, red.name, red.fn, red.average
 
     def combine(self, acc, x):
+        world = self.world
         if not acc.is_meta:
-            with self.world.aside(self.world.ranks[self.rank]):
+            with world.aside(world.ranks[self.rank]):
                 self.red.combine(acc, x)
-        self.world.settle(self.rank)
-        self.world.compute(self.rank, acc.nbytes)
+        if world.ranks[self.rank].debt:
+            world.settle(self.rank)
+        world.compute(self.rank, acc.nbytes)
         return acc
 
 

@@ -1,0 +1,20 @@
+"""The simulator's figures stay bit-equal when its mechanism changes (``benchmarks/sim_golden.py``).
+
+Every algorithm of every collective at N = 2, 5, 8 on a flat switch, and at N = 5 and 16 on
+h100-cluster, a fat tree, a torus and a machine with every CPU figure (cores, wake-ups,
+overheads, gaps, memory work), with stragglers, a late rank, jitter and a slow NIC: every
+rank's counts and end time, the bytes per link class, the schedules and every traced message's
+start and end, to the last bit. Where it fails, ``python -m benchmarks.sim_golden compare``
+against a record of the previous commit names the points that moved.
+"""
+from benchmarks import sim_golden
+
+# python -m benchmarks.sim_golden digest --quick, at 963ba1d (before the speed work of issue 34)
+DIGEST = "c43c6900f3badd2d061dd47db111e41aced2b9e92e5c135142416aeed6687c3e"
+
+
+def test_the_quick_points_are_bit_equal_to_the_recorded_ones():
+    got = sim_golden.results(quick=True)
+    assert len(got) == 481
+    assert not [k for k, v in got.items() if "error" in v]
+    assert sim_golden.digest(got) == DIGEST
