@@ -98,3 +98,28 @@ if __name__ == "__main__":
     text = CHAPTER.read_text()
     CHAPTER.write_text(text.replace(chapter_table(text), expected_table(text)))
     print(f"rewrote the cost table in {CHAPTER}")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_ring_counted_at_once_is_the_ring_counted_message_by_message(seed):
+    """``Tally.ring`` (O(M): every algorithm built on a ring states its cost at 4,096 ranks at
+    once) against the same ring counted one message at a time."""
+    import random
+
+    from collectives.algorithms._cost import Tally
+    rng = random.Random(seed)
+    n = rng.randint(1, 12)
+    members = rng.sample(range(n), rng.randint(1, n))
+    m = len(members)
+    sizes = [rng.choice([0, 0, 1, 7, 64, 100]) for _ in range(m)]
+    step0, shift, fold = rng.randint(0, 5), rng.randint(0, 2), rng.random() < 0.5
+    at_once, one_by_one = Tally(n), Tally(n)
+    at_once.ring(sizes, range(step0, step0 + m - 1), shift=shift, reduce=fold, members=members)
+    for i, r in enumerate(members):
+        for s in range(m - 1):
+            nbytes = sizes[(i - s - shift) % m]
+            one_by_one.message(step0 + s, r, members[(i + 1) % m], nbytes)
+            if fold:
+                one_by_one.reduce(members[(i + 1) % m], nbytes)
+    for field in ("sent", "recv", "sent_msgs", "recv_msgs", "reduced", "largest"):
+        assert getattr(at_once, field) == getattr(one_by_one, field), field

@@ -94,6 +94,29 @@ class Tally:
         self.recv_msgs[dst] += 1
         self.largest[step] = max(self.largest.get(step, 0), nbytes)
 
+    def ring(self, sizes, steps, shift=0, reduce=False, members=None):
+        """Count a ring pass at once, as :meth:`message` would one by one: at the s-th of the
+        M-1 ``steps``, the rank at place i of ``members`` (default: every rank, M = N) sends
+        chunk ``(i - s - shift) mod M`` (of ``sizes`` bytes) to the next, who folds it in if
+        ``reduce``. O(M) instead of O(M^2): over the M-1 steps a rank sends every chunk but
+        one, and at every step each chunk is sent by some rank, so the step's largest message
+        is the largest chunk (the ring's cost() at 4,096 ranks was 25 s of tallying)."""
+        members = range(self.n) if members is None else members
+        m = len(members)
+        total, nonzero, largest = sum(sizes), sum(1 for x in sizes if x), max(sizes)
+        for i, r in enumerate(members):
+            skipped = sizes[(i - shift + 1) % m]      # s = M-1 would send it: the ring stops before
+            nbytes, count, dst = total - skipped, nonzero - (1 if skipped else 0), members[(i + 1) % m]
+            self.sent[r] += nbytes
+            self.recv[dst] += nbytes
+            self.sent_msgs[r] += count
+            self.recv_msgs[dst] += count
+            if reduce:
+                self.reduced[dst] += nbytes
+        if largest:
+            for step in steps:
+                self.largest[step] = max(self.largest.get(step, 0), largest)
+
     def reduce(self, rank, nbytes):
         self.reduced[rank] += nbytes
 

@@ -39,10 +39,7 @@ def ring_all_gather(comm, chunks, step0=0):
 
 def tally_ring_all_gather(tally, sizes, step0=0):
     """Count :func:`ring_all_gather` over chunks of ``sizes`` bytes."""
-    n = tally.n
-    for r in range(n):
-        for s in range(n - 1):
-            tally.message(step0 + s, r, (r + 1) % n, sizes[(r - s) % n])
+    tally.ring(sizes, range(step0, step0 + tally.n - 1))
 
 
 def cost(n, s, item=1):

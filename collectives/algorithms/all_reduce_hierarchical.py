@@ -171,10 +171,12 @@ def _size(bounds):
     return bounds[1] - bounds[0]
 
 
-def slots(m, k, nseg, shards, pieces, local):
-    """(intra slots, shard slot size, inter slots, piece slot size), in elements."""
+def slots(m, k, nseg, shards, pieces, local, shard=None):
+    """(intra slots, shard slot size, inter slots, piece slot size), in elements. ``shard``: the
+    largest shard, if known (it is every rank's: cost() finds it once, not once per rank)."""
     intra = min(nseg, max(1, m - 1)) if m > 1 else 0
-    shard = max(_size(b) for row in shards for b in row)
+    if shard is None:
+        shard = max(_size(b) for row in shards for b in row)
     inter = nseg if k > 1 else 0
     piece = max(_size(b) for j in range(nseg) for b in pieces[j][local])
     return intra, shard, inter, piece
@@ -193,26 +195,21 @@ def cost(n, s, item=1, ranks_per_host=None, hosts=None):
     shards, pieces = plan(numel, m, k, nseg)
     per = 2 * (m - 1) + 2 * (k - 1)
     t = Tally(n)
-    for hi, ranks in enumerate(members):
-        for li, r in enumerate(ranks):
-            right, xright = ranks[(li + 1) % m], members[(hi + 1) % k][li]
-            intra, shard, inter, piece = slots(m, k, nseg, shards, pieces, li)
-            t.allocate(r, (intra * shard + inter * piece) * item)
-            for j in range(nseg):
-                base = j * per
-                mine = pieces[j][li]
-                for st in range(m - 1):       # reduce-scatter inside the host
-                    nbytes = _size(shards[j][(li - st - 1) % m]) * item
-                    t.message(base + st, r, right, nbytes)
-                    t.reduce(right, nbytes)
-                for u in range(k - 1):        # across hosts: reduce-scatter, then all-gather
-                    nbytes = _size(mine[(hi - u - 1) % k]) * item
-                    t.message(base + m - 1 + u, r, xright, nbytes)
-                    t.reduce(xright, nbytes)
-                    t.message(base + m - 1 + k - 1 + u, r, xright, _size(mine[(hi - u) % k]) * item)
-                for st in range(m - 1):       # all-gather inside the host
-                    t.message(base + m - 1 + 2 * (k - 1) + st, r, right,
-                              _size(shards[j][(li - st) % m]) * item)
+    largest = max(_size(b) for row in shards for b in row)
+    for li in range(m):               # the li-th rank of every host holds the same slots
+        intra, shard, inter, piece = slots(m, k, nseg, shards, pieces, li, largest)
+        for ranks in members:
+            t.allocate(ranks[li], (intra * shard + inter * piece) * item)
+    for j in range(nseg):
+        base = j * per
+        sizes = [_size(x) * item for x in shards[j]]
+        for ranks in members:         # inside each host: reduce-scatter, then (last) all-gather
+            t.ring(sizes, range(base, base + m - 1), shift=1, reduce=True, members=ranks)
+            t.ring(sizes, range(base + m - 1 + 2 * (k - 1), base + 2 * (m - 1) + 2 * (k - 1)), members=ranks)
+        for li in range(m):           # across hosts, the li-th rank of each: reduce-scatter, then all-gather
+            across, mine = [h[li] for h in members], [_size(x) * item for x in pieces[j][li]]
+            t.ring(mine, range(base + m - 1, base + m - 1 + k - 1), shift=1, reduce=True, members=across)
+            t.ring(mine, range(base + m - 1 + k - 1, base + m - 1 + 2 * (k - 1)), members=across)
     return t.cost()
 
 

@@ -64,16 +64,11 @@ def cost(n, s, item=1, depth=DEPTH):
     k = segments(chunks[0])
     segs = [pieces(c, k, item) for c in chunks]
     t = Tally(n)
+    for q in range(k):     # segment q of every chunk goes round as a ring of its own
+        sizes = [seg[q] for seg in segs]
+        t.ring(sizes, [st * k + q for st in range(n - 1)], shift=1, reduce=True)     # reduce-scatter
+        t.ring(sizes, [(n - 1) * k + st * k + q for st in range(n - 1)])             # all-gather
     for r in range(n):
-        right = (r + 1) % n
-        for j in range((n - 1) * k):      # reduce-scatter: step s, segment q; tag j + k
-            st, q = divmod(j, k)
-            nbytes = segs[(r - st - 1) % n][q]
-            t.message(j, r, right, nbytes)
-            t.reduce(right, nbytes)
-        for j in range((n - 1) * k):      # all-gather: tag (N-1)K + t*K + q
-            st, q = divmod(j, k)
-            t.message((n - 1) * k + j, r, right, segs[(r - st) % n][q])
         t.allocate(r, min(depth, (n - 1) * k) * segs[0][0])
     return t.cost()
 

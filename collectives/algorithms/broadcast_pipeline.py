@@ -41,9 +41,21 @@ def cost(n, s, item=1):
     seg = max(1, SEGMENT_BYTES // item) * item
     sizes = [min(seg, s - x) for x in range(0, s, seg)]
     t = Tally(n)
+    # every rank but the last forwards every segment (O(N + segments), not their product): rank
+    # v sends segment k at step v + k, so step q carries segments max(0, q-N+2) .. min(q, K-1)
+    # (virtual ranks: the root is 0, as rank r is (r - root) mod N; the busiest figures are alike)
+    total, count = sum(sizes), sum(1 for x in sizes if x)
     for v in range(n - 1):
-        for k, nbytes in enumerate(sizes):
-            t.message(v + k, v, v + 1, nbytes)
+        t.sent[v] += total
+        t.recv[v + 1] += total
+        t.sent_msgs[v] += count
+        t.recv_msgs[v + 1] += count
+    # the largest segment in each window of steps: the segments are equal but the last
+    for q in range(n - 1 + len(sizes) - 1 if sizes else 0):
+        lo, hi = max(0, q - (n - 2)), min(q, len(sizes) - 1)
+        big = max(sizes[lo], sizes[hi])       # a window of equal segments and maybe the shorter last
+        if big:
+            t.largest[q] = big
     return t.cost()
 
 

@@ -57,12 +57,8 @@ def ring_reduce_scatter(comm, chunks, op, step0=0):
 
 def tally_ring_reduce_scatter(tally, sizes, step0=0):
     """Count :func:`ring_reduce_scatter` over chunks of ``sizes`` bytes."""
-    n = tally.n
-    for r in range(n):
-        for s in range(n - 1):
-            nbytes = sizes[(r - s - 1) % n]
-            tally.message(step0 + s, r, (r + 1) % n, nbytes)
-            tally.reduce((r + 1) % n, nbytes)
+    tally.ring(sizes, range(step0, step0 + tally.n - 1), shift=1, reduce=True)
+    for r in range(tally.n):
         tally.allocate(r, max(sizes))
 
 

@@ -89,7 +89,7 @@ def side_by_side(collective, solution, world_size, path, reference=None, topolog
     otherwise raises (the launcher's verdict) and nothing is written.
 
     ``calls="torch"``: both functions are written against torch's API (the course's
-    process-world exercises, e.g. ``all_reduce(tensor, group=None)`` with ``dist.isend``);
+    process-world exercises, e.g. ``all_reduce(tensor, group=None)`` with torch's ``isend``);
     their point-to-point calls go through our door in real processes, so ``real`` is implied
     and ``reference`` must be a function (the exercise's reference solution).
 

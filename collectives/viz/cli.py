@@ -47,7 +47,7 @@ def parser():
                         "host, N <= 15) instead of the simulator: the page's messages and times are measured")
     p.add_argument("--torch", action="store_true",
                    help="with --function: your function is written against torch's API (all_reduce(tensor, "
-                        "group=None) with dist.isend, dist.irecv, ...), as the course's exercises are; it runs in "
+                        "group=None) with torch.distributed's isend, irecv, ...), as the course's exercises are; it runs in "
                         "real processes, its point-to-point calls through our door (implies --real)")
     p.add_argument("--hang-seconds", type=float, default=record.REAL_HANG,
                    help=f"--real: seconds a rank waits for one message before the run is drawn as hung "

@@ -417,7 +417,7 @@ def _recording_comm(*args, clock, outs, seen, **kwargs):
 class _TorchCalls:
     """``torch.distributed``'s point-to-point calls, for one real rank of a drawing of a
     function written against torch's API (the course's process-world exercises): while
-    :meth:`patched` is active, ``dist.send``, ``recv``, ``isend``, ``irecv``,
+    :meth:`patched` is active, torch.distributed's ``send``, ``recv``, ``isend``, ``irecv``,
     ``batch_isend_irecv`` and ``P2POp`` are this library's own
     (:mod:`collectives.p2p_api`, torch's names and signatures), so every message goes
     through the door, where :mod:`collectives.observers` sees it. Each post is noted as
@@ -601,7 +601,7 @@ def _hang(ranks, collective, name, hang, calls="door"):
     world = Plain(unmatched=unmatched, ranks=[Plain(finished=got["stuck"] is None) for got in ranks])
     kind, cycle, report = analyse(world, [Plain(id=r, waiting=[e]) for r, e in ends.items()])
     if calls == "torch":     # the advice in the learner's own terms
-        report = report.replace("(comm.sendrecv, comm.exchange)", "(dist.isend + dist.irecv, or dist.batch_isend_irecv)")
+        report = report.replace("(comm.sendrecv, comm.exchange)", "(torch.distributed's isend + irecv, or batch_isend_irecv)")
     how = "torch.distributed's calls through our door" if calls == "torch" else "gloo processes"
     return {"kind": "deadlock", "type": kind,
             "report": f"{report}\n  (a real run: each rank above waited {hang:g} s at the door, {how})",
@@ -620,7 +620,7 @@ def record_real(collective, algorithm, world_size, root=0, timeout=REAL_TIMEOUT,
     against torch's API instead, as the course's process-world exercises are
     (``all_reduce(tensor, group=None)``, ``broadcast(tensor, src, group=None)``, ...: the
     arguments of ``torch.distributed``'s collective, without ``op``; the reduction is a sum):
-    its ``dist.send``/``recv``/``isend``/``irecv``/``batch_isend_irecv`` go through this
+    its ``torch.distributed`` ``send``/``recv``/``isend``/``irecv``/``batch_isend_irecv`` go through this
     library's door (:mod:`collectives.p2p_api`, torch's names), so the same page is drawn, a
     message's step being its place among its direction's messages.
 
