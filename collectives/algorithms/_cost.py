@@ -117,6 +117,14 @@ class Tally:
             for step in steps:
                 self.largest[step] = max(self.largest.get(step, 0), largest)
 
+    def stream(self, src, dst, nbytes, count):
+        """``count`` messages of ``nbytes`` in all from ``src`` to ``dst``, counted at once (the
+        caller records each step's largest message in :attr:`largest` itself)."""
+        self.sent[src] += nbytes
+        self.recv[dst] += nbytes
+        self.sent_msgs[src] += count
+        self.recv_msgs[dst] += count
+
     def reduce(self, rank, nbytes):
         self.reduced[rank] += nbytes
 

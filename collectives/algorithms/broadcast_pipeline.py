@@ -46,10 +46,7 @@ def cost(n, s, item=1):
     # (virtual ranks: the root is 0, as rank r is (r - root) mod N; the busiest figures are alike)
     total, count = sum(sizes), sum(1 for x in sizes if x)
     for v in range(n - 1):
-        t.sent[v] += total
-        t.recv[v + 1] += total
-        t.sent_msgs[v] += count
-        t.recv_msgs[v + 1] += count
+        t.stream(v, v + 1, total, count)
     # the largest segment in each window of steps: the segments are equal but the last
     for q in range(n - 1 + len(sizes) - 1 if sizes else 0):
         lo, hi = max(0, q - (n - 2)), min(q, len(sizes) - 1)

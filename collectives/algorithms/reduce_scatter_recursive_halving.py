@@ -80,8 +80,13 @@ def halving_steps(bounds, p, item, limit=None):
 
 
 def largest_kept(bounds, vrank, p, item, limit=None):
-    """Elements of the largest message virtual rank ``vrank`` receives in the halving."""
-    return max((b - a for _, (a, b), _ in schedule(bounds, vrank, p, item, limit)), default=0)
+    """Elements of the largest message virtual rank ``vrank`` receives in the halving: of a
+    step's range cut into k messages (:func:`cut`), the first is the largest, ceil(L / k)."""
+    best = 0
+    for _, keep, _ in halving_plan(vrank, p):
+        k = messages_per_step(bounds, keep[1] - keep[0], item, limit)
+        best = max(best, -(-(bounds[keep[1]] - bounds[keep[0]]) // k))
+    return best
 
 
 def recursive_halving(comm, buf, bounds, vrank, p, extra, op, step0, limit=None, inbox=None):
@@ -103,11 +108,30 @@ def recursive_halving(comm, buf, bounds, vrank, p, extra, op, step0, limit=None,
 
 
 def tally_recursive_halving(tally, bounds, p, extra, step0, item, limit=None):
-    """Count :func:`recursive_halving` (``bounds`` in elements; allocations not included)."""
-    for v in range(p):
-        for step, (partner, (a, b), (c, d)) in enumerate(schedule(bounds, v, p, item, limit), step0):
-            tally.message(step, real_rank(v, extra), real_rank(partner, extra), (d - c) * item)
-            tally.reduce(real_rank(v, extra), (b - a) * item)
+    """Count :func:`recursive_halving` (``bounds`` in elements; allocations not included).
+
+    A step's half of L elements goes as k messages (:func:`cut`, as ``tensor_split``): L mod k
+    of L // k + 1 elements, then L // k; so a rank's step is counted at once, and message j of
+    the step is largest on the rank whose (L // k, L mod k) is largest. O(P log P + messages
+    per rank), not O(P x messages per rank): Rabenseifner's 1 GiB on 4,096 ranks lists about a
+    thousand per rank."""
+    plans = [halving_plan(v, p) for v in range(p)]
+    step = step0
+    for level in range(len(plans[0])):
+        keep = plans[0][level][1]
+        k = messages_per_step(bounds, keep[1] - keep[0], item, limit)
+        most = (0, 0)                 # the largest (L // k, L mod k) of the step's halves
+        for v, plan in enumerate(plans):
+            partner, (a, b), (c, d) = plan[level]
+            q, r = divmod(bounds[d] - bounds[c], k)
+            tally.stream(real_rank(v, extra), real_rank(partner, extra), (bounds[d] - bounds[c]) * item, k if q else r)
+            tally.reduce(real_rank(v, extra), (bounds[b] - bounds[a]) * item)
+            most = max(most, (q, r))
+        for j in range(k):
+            nbytes = (most[0] + (j < most[1])) * item
+            if nbytes:
+                tally.largest[step + j] = max(tally.largest.get(step + j, 0), nbytes)
+        step += k
 
 
 def cost(n, s, item=1):
