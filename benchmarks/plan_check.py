@@ -2,19 +2,28 @@
 
 Usage::
 
-    python -m benchmarks.plan_check                  # 4 gloo ranks, 11 configurations, 5 timed steps each
+    python -m benchmarks.plan_check                  # 4 gloo ranks, 16 configurations, 5 timed steps each
+    python -m benchmarks.plan_check --world-size 8   # 8 gloo ranks, 21 configurations of a smaller model
     python -m benchmarks.plan_check --steps 9 --hidden 256
 
 A small transformer (``--layers`` pre-LayerNorm blocks of width ``--hidden``, ``--heads``
-heads, MLP 4 x hidden; ``--batch`` sequences of ``--seq`` tokens per step, float32, Adam)
+heads, MLP 4 x hidden; ``--batch`` sequences of ``--seq`` tokens per step, float32, Adam;
+on 4 ranks 4 blocks of 128, 4 heads, 32 x 8 tokens; on 8 ranks 2 blocks of 64, 4 heads,
+16 x 8 tokens, the 2 x 2 x 2 mesh of chapter 21 among its configurations)
 is trained for real on N ranks in each configuration the parallel modules build:
 data parallel (one flat all_reduce of the gradients, or ZeRO-1/2
 ``collectives.parallel.zero``, or ZeRO-3 ``collectives.parallel.fsdp``), tensor parallel
 with sequence parallelism (``ParallelBlock(sequence_parallel="regather")``), pipeline
-(``PipelineStage``, 1F1B, micro-batches of one sequence), their products, and
-recomputation (``collectives.parallel.recompute.checkpoint`` around every block).
-Context and expert parallelism are not in the step here (no block of this library
-combines them with the others).
+(``PipelineStage``, 1F1B, micro-batches of one sequence), context parallel (each block's
+attention the zig-zag ring ``collectives.parallel.ring_attention_zigzag`` over the CP
+group, causal, every rank its zig-zag part of each sequence, the parameters replicated
+over the CP group: :class:`RingAttention`), their products, and recomputation
+(``collectives.parallel.recompute.checkpoint`` around every block). Ranks are laid out
+as Megatron lays them out, TP innermost, then CP, DP, PP; the gradients are averaged,
+and ZeRO shards, over the DP x CP ranks that hold the same parameters (:func:`groups_of`).
+On 4 ranks the configurations are :data:`CONFIGS`; on 8, every DP x TP x PP x CP = 8 the
+model allows and the ZeRO and recomputation variants of :func:`configs_for`. Expert
+parallelism is not in the step here.
 
 For each configuration it prints, per rank the largest of the N ranks:
 
@@ -49,7 +58,8 @@ import collectives
 from collectives.parallel.fsdp import FullyShardedDataParallel
 from collectives.parallel.pipeline import PipelineStage
 from collectives.parallel.recompute import checkpoint
-from collectives.parallel.tensor_parallel import Block, ParallelBlock, reduce_replicated_grads
+from collectives.parallel.ring_attention_zigzag import zigzag_ring_attention, zigzag_split
+from collectives.parallel.tensor_parallel import Block, ParallelAttention, ParallelBlock, reduce_replicated_grads
 from collectives.parallel.zero import ZeroOptimizer, optimizer_state_bytes
 from collectives.plan import Config, Model, check, memory, step_time
 
@@ -57,7 +67,28 @@ KINDS = ("parameters", "gradients", "optimizer", "activations")
 CONFIGS = [Config(4, 1, 1, 1), Config(4, 1, 1, 1, zero=1), Config(4, 1, 1, 1, zero=2),
            Config(4, 1, 1, 1, zero=3), Config(4, 1, 1, 1, recompute=True), Config(1, 4, 1, 1),
            Config(1, 4, 1, 1, recompute=True), Config(2, 2, 1, 1), Config(1, 1, 4, 1),
-           Config(2, 1, 2, 1), Config(1, 2, 2, 1)]
+           Config(2, 1, 2, 1), Config(1, 2, 2, 1), Config(1, 1, 1, 4), Config(1, 1, 1, 4, recompute=True),
+           Config(2, 1, 1, 2), Config(1, 2, 1, 2), Config(1, 1, 2, 2)]
+DIMS = {4: (4, 128, 4, 32, 8), 8: (2, 64, 4, 16, 8)}     # layers, hidden, heads, tokens, sequences per step
+
+
+def configs_for(world, dims):
+    """The configurations checked on ``world`` ranks: on 4, :data:`CONFIGS`; on 8, every
+    DP x TP x PP x CP = 8 the model allows (:func:`collectives.plan.configurations`), plus
+    DP8 with ZeRO-1, 2 and 3 and with recomputation, and CP8 and DP2 x TP2 x PP2 with
+    recomputation."""
+    if world == 4:
+        return CONFIGS
+    if world != 8:
+        raise ValueError(f"plan_check: configurations are listed for 4 and 8 ranks, not {world}")
+    from collectives.plan import configurations
+    model = model_of(*dims)
+    extra = [Config(8, 1, 1, 1, zero=z) for z in (1, 2, 3)] + [Config(8, 1, 1, 1, recompute=True),
+                                                                Config(1, 1, 1, 8, recompute=True),
+                                                                Config(2, 2, 2, 1, recompute=True)]
+    for config in extra:
+        check(model, config, world)
+    return configurations(model, world, zero_stages=(0,), recompute=(False,)) + extra
 
 
 def block_params(h):
@@ -124,13 +155,18 @@ class Checkpointed(nn.Module):
 
 
 def groups_of(config, rank, world):
-    """This rank's (coordinates, tp group, dp group, pp group): TP innermost, then DP, PP outermost.
-    Every rank creates every group, in the same order (torch's rule for new_group)."""
+    """This rank's (coordinates, groups): TP innermost, then CP, DP, PP outermost (Megatron's order).
+    The groups: ``tp``, ``cp`` (the ranks sharing one sequence), ``pp``, and ``dp``, the ranks
+    that hold the same parameters: data-parallel replicas and their context-parallel ranks
+    together (Megatron's data-parallel group with CP folded in), over which the gradients are
+    reduced and ZeRO shards. Every rank creates every group, in the same order (torch's rule
+    for new_group)."""
     c = config
-    coords = lambda r: (r // (c.tp * c.dp), r // c.tp % c.dp, r % c.tp)      # noqa: E731 (pp, dp, tp)
+    coords = lambda r: (r // (c.tp * c.cp * c.dp), r // (c.tp * c.cp) % c.dp,      # noqa: E731 (pp, dp, cp, tp)
+                        r // c.tp % c.cp, r % c.tp)
     mine = {}
-    for kind, key in (("tp", lambda r: (coords(r)[0], coords(r)[1])), ("dp", lambda r: (coords(r)[0], coords(r)[2])),
-                      ("pp", lambda r: (coords(r)[1], coords(r)[2]))):
+    for kind, key in (("tp", lambda r: coords(r)[:3]), ("cp", lambda r: (*coords(r)[:2], coords(r)[3])),
+                      ("dp", lambda r: (coords(r)[0], coords(r)[3])), ("pp", lambda r: coords(r)[1:])):
         members = {}
         for r in range(world):
             members.setdefault(key(r), []).append(r)
@@ -141,16 +177,41 @@ def groups_of(config, rank, world):
     return coords(rank), mine
 
 
+class RingAttention(ParallelAttention):
+    """:class:`ParallelAttention` (this rank's heads) whose attention runs over the sequence of
+    its context-parallel group ``cp``: zig-zag ring attention, causal, as the planner assumes
+    (:mod:`collectives.parallel.ring_attention_zigzag`; the input is this rank's zig-zag part
+    of the sequence). Set ``cp`` after :meth:`from_attention`."""
+    cp = None
+
+    def forward(self, x):
+        qkv = self.qkv(x)                                   # (S/c, B, 3 * local heads * head_dim)
+        s, b = qkv.shape[:2]
+        q, k, v = qkv.view(s, b, 3, self.local_heads, self.head_dim).permute(2, 1, 3, 0, 4)
+        y = zigzag_ring_attention(q, k, v, self.cp, causal=True)
+        return self.out(y.permute(2, 0, 1, 3).reshape(s, b, -1))
+
+
+def parallel_block(block, tp, cp, sequence_parallel):
+    """:class:`ParallelBlock` over ``tp``; with a context-parallel group ``cp``, its attention
+    a :class:`RingAttention` over it (the parameters replicated over ``cp``)."""
+    out = ParallelBlock(block, tp, sequence_parallel)
+    if cp is not None:
+        out.attn = RingAttention.from_attention(block.attn, tp, sequence_parallel)
+        out.attn.cp = cp
+    return out
+
+
 def build(config, dims, rank, world):
     """This rank's part of the model, its optimizer, and one training step as a function."""
     layers, hidden, heads, seq, batch = dims
     c = config
-    (p, d, t), g = groups_of(c, rank, world)
+    (p, d, cr, t), g = groups_of(c, rank, world)
     torch.manual_seed(0)
     whole = [Block(hidden, heads, 4 * hidden) for _ in range(layers)]
     mine = whole[p * layers // c.pp:(p + 1) * layers // c.pp]
     sp = "regather" if c.tp > 1 else False
-    blocks = [ParallelBlock(b, g["tp"], sp) for b in mine]
+    blocks = [parallel_block(b, g["tp"], g["cp"] if c.cp > 1 else None, sp) for b in mine]
     fsdp = zero = None
     if c.zero == 3:
         module = fsdp = FullyShardedDataParallel(blocks, group=g["dp"])
@@ -162,19 +223,25 @@ def build(config, dims, rank, world):
         else:
             opt = torch.optim.Adam(module.parameters(), lr=1e-4)
     m = batch // c.dp          # micro-batches of one sequence
-    shard = seq // c.tp
+    shard = seq // c.cp // c.tp
+
+    def part(whole):
+        """This rank's positions of a whole sequence: its zig-zag part of the CP group's, then its TP shard."""
+        mine = zigzag_split(whole, c.cp, cr, dim=0) if c.cp > 1 else whole
+        return mine[t * shard:(t + 1) * shard]
     params = list(module.parameters())
     gen = torch.Generator().manual_seed(1 + d)
     # the input needs a gradient, as a block's input inside a network does (a checkpointed block
     # whose input needs none would give its parameters none either: they are not its arguments)
-    xs = [torch.randn(seq, 1, hidden, generator=gen)[t * shard:(t + 1) * shard].clone().requires_grad_()
-          for _ in range(m)]
-    ys = [torch.randn(seq, 1, hidden, generator=gen)[t * shard:(t + 1) * shard] for _ in range(m)]
+    xs = [part(torch.randn(seq, 1, hidden, generator=gen)).clone().requires_grad_() for _ in range(m)]
+    ys = [part(torch.randn(seq, 1, hidden, generator=gen)) for _ in range(m)]
     pipe = PipelineStage(module, recv_shape=(shard, 1, hidden), group=g["pp"]) if c.pp > 1 else None
     param_ptrs = {q.untyped_storage().data_ptr() for q in params}
     gathered = (lambda: {f.untyped_storage().data_ptr() for f in fsdp.full if f is not None}) if fsdp else set
 
-    def step(peak):
+    def step(peak, update=True):
+        """One training step; ``update=False`` stops before the optimizer (and so, under ZeRO,
+        before the gradients are reduced), leaving the gradients in ``step.params``."""
         opt.zero_grad()
         with peak.hooks():
             if pipe:
@@ -185,15 +252,16 @@ def build(config, dims, rank, world):
         if c.tp > 1:
             for b in blocks:
                 reduce_replicated_grads(b, g["tp"])
-        if c.dp > 1 and not c.zero:
+        if c.dp * c.cp > 1 and not c.zero:
             grads = torch.cat([q.grad.flatten() for q in params])     # one bucket
             collectives.all_reduce(grads, group=g["dp"], algorithm="ring")
-            grads /= c.dp
+            grads /= c.dp * c.cp
             offset = 0
             for q in params:
                 q.grad.copy_(grads[offset:offset + q.numel()].view_as(q))
                 offset += q.numel()
-        opt.step()
+        if update:
+            opt.step()
 
     def held():
         size = lambda ts: sum(x.numel() * x.element_size() for x in ts if x is not None)   # noqa: E731
@@ -201,6 +269,8 @@ def build(config, dims, rank, world):
         state = zero.state_bytes() if zero else optimizer_state_bytes(opt)
         return dict(parameters=size(params), gradients=grads, optimizer=state)
 
+    step.params = params
+    step.names = [n for n, _ in module.named_parameters()]
     return step, held, lambda: param_ptrs | gathered()
 
 
@@ -286,34 +356,40 @@ def calibrate(world, iters=10, timeout=600):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.plan_check", description=__doc__.split("\n")[0])
-    p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--world-size", type=int, default=4, choices=sorted(DIMS))
+    p.add_argument("--layers", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--seq", type=int)
+    p.add_argument("--batch", type=int)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--topology", default="measured",
                    help="the planner's network: 'measured' (calibrated in this run, after the "
-                        "training: worlds of 2 and 4 ranks), or any of python -m collectives.sim's")
+                        "training: worlds of 2 and --world-size ranks), or any of python -m collectives.sim's")
     args = p.parse_args(argv)
-    if args.world_size != 4:
-        p.error("--world-size: the configurations listed are for 4 ranks")
-    dims = (args.layers, args.hidden, args.heads, args.seq, args.batch)
+    given = (args.layers, args.hidden, args.heads, args.seq, args.batch)
+    dims = tuple(d if g is None else g for d, g in zip(DIMS[args.world_size], given))
+    layers, hidden, heads, seq, batch = dims
     model = model_of(*dims)
-    flops, rows = measure(args.world_size, dims, args.steps)
+    try:
+        configs = configs_for(args.world_size, dims)
+        for config in configs:
+            check(model, config, args.world_size)
+    except ValueError as exc:
+        p.error(str(exc))
+    flops, rows = measure(args.world_size, dims, args.steps, configs)
     topology = args.topology
     if topology == "measured":
         from collectives.sim import topology as topologies
         topology = calibrate(args.world_size)
         print("# " + topologies.describe(topology))
-    print(f"# {args.layers} blocks, hidden {args.hidden}, {args.heads} heads, {args.seq} tokens x {args.batch} "
+    print(f"# {layers} blocks, hidden {hidden}, {heads} heads, {seq} tokens x {batch} "
           f"sequences per step, float32, Adam; {args.world_size} gloo ranks; measured {flops / 1e9:.2f} GFLOP/s "
           f"per rank; planner on --topology {args.topology}")
     print("# memory KB per rank (largest rank): measured/planned; step ms: measured, planned")
     print(f"{'configuration':<30} " + " ".join(f"{k:>17}" for k in KINDS) + f" {'measured':>9} {'planned':>8}")
     planned_t, measured_t, ratios = [], [], {k: [] for k in KINDS}
-    for config, row in zip(CONFIGS, rows):
+    for config, row in zip(configs, rows):
         plan_mem = memory(model, config)
         planned = step_time(model, config, topology, flops)[0]
         planned_t.append(planned)
@@ -324,11 +400,11 @@ def main(argv=None):
               + f" {row['time'] * 1e3:9.1f} {planned * 1e3:8.1f}")
     for k in KINDS:
         print(f"# {k}: measured/planned {min(ratios[k]):.3f} to {max(ratios[k]):.3f}")
-    total = [sum(r[k] for k in KINDS) / sum(memory(model, c).values()) for c, r in zip(CONFIGS, rows)]
+    total = [sum(r[k] for k in KINDS) / sum(memory(model, c).values()) for c, r in zip(configs, rows)]
     print(f"# total memory: measured/planned {min(total):.3f} to {max(total):.3f}")
     same, pairs = pairs_agreeing(planned_t, measured_t)
     print(f"# step-time ranking: {same} of the {pairs} pairs the planner orders (of "
-          f"{len(CONFIGS) * (len(CONFIGS) - 1) // 2}; the others it ties within 1%) in the same order: "
+          f"{len(configs) * (len(configs) - 1) // 2}; the others it ties within 1%) in the same order: "
           f"{same / pairs:.0%} (goal: >= 80%)")
     print(f"# measured/planned step time: {min(m / p for m, p in zip(measured_t, planned_t)):.2f} to "
           f"{max(m / p for m, p in zip(measured_t, planned_t)):.2f}")
