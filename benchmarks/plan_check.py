@@ -4,6 +4,7 @@ Usage::
 
     python -m benchmarks.plan_check                  # 4 gloo ranks, 16 configurations, 5 timed steps each
     python -m benchmarks.plan_check --world-size 8   # 8 gloo ranks, 21 configurations of a smaller model
+    python -m benchmarks.plan_check --world-size 8 --model mnist     # the MNIST job's CNN, DP8 with ZeRO 0-3
     python -m benchmarks.plan_check --steps 9 --hidden 256
 
 A small transformer (``--layers`` pre-LayerNorm blocks of width ``--hidden``, ``--heads``
@@ -24,6 +25,13 @@ and ZeRO shards, over the DP x CP ranks that hold the same parameters (:func:`gr
 On 4 ranks the configurations are :data:`CONFIGS`; on 8, every DP x TP x PP x CP = 8 the
 model allows and the ZeRO and recomputation variants of :func:`configs_for`. Expert
 parallelism is not in the step here.
+
+``--model mnist``: the main job's MNIST CNN (:class:`collectives.train.models.Net`),
+data parallel over every rank with ZeRO 0-3 (FSDP over its four layers), 256 random
+images per step. The planner knows only its parameter count (a one-token "sequence" per
+image, F measured as 6 P per image on this net): parameters, gradients, optimizer state
+and the step time are checked; its activations are printed measured only (the planner's
+formula is a transformer block's), and so recomputation is not checked on it.
 
 For each configuration it prints, per rank the largest of the N ranks:
 
@@ -290,14 +298,11 @@ def flops_alone(dims, repeats):
     return 6 * layers * block_params(hidden) * seq * batch / statistics.median(times[1:])
 
 
-def worker(rank, world, dims, steps, configs):
-    torch.set_num_threads(1)
-    # every rank creates every group of every configuration, in order
-    flops = flops_alone(dims, steps)
-    built = [build(config, dims, rank, world) for config in configs]
-    times, peaks = [[] for _ in configs], [0] * len(configs)
-    # round-robin: a step of every configuration per round, so that a change in the machine's
-    # load (other programs) falls on all of them alike; the first round warms up
+def rounds(built, steps):
+    """Time the built steps round-robin: a step of every configuration per round, so that a change
+    in the machine's load (other programs) falls on all of them alike; the first round warms up.
+    Per configuration: what this rank holds after its step, its activation peak, its median time."""
+    times, peaks = [[] for _ in built], [0] * len(built)
     for _ in range(steps + 1):
         for i, (step, _, skip) in enumerate(built):
             peak = PeakSaved(skip)
@@ -306,8 +311,102 @@ def worker(rank, world, dims, steps, configs):
             step(peak)
             times[i].append(time.perf_counter() - start)
             peaks[i] = peak.peak
-    return flops, [dict(held(), activations=peaks[i], time=statistics.median(times[i][1:]))
-                   for i, (_, held, _) in enumerate(built)]
+    return [dict(held(), activations=peaks[i], time=statistics.median(times[i][1:]))
+            for i, (_, held, _) in enumerate(built)]
+
+
+def worker(rank, world, dims, steps, configs):
+    torch.set_num_threads(1)
+    # every rank creates every group of every configuration, in order
+    flops = flops_alone(dims, steps)
+    built = [build(config, dims, rank, world) for config in configs]
+    return flops, rounds(built, steps)
+
+
+MNIST_IMAGES = 256          # images per step, all ranks together (the job's default global batch is 128)
+
+
+def mnist_layers():
+    """The main job's MNIST model (:class:`collectives.train.models.Net`, seeded) as its four
+    layers in order: FSDP's units, and the whole net in sequence."""
+    from collectives.train.models import Net
+    torch.manual_seed(0)
+    net = Net()
+    return [nn.Sequential(net.conv1, nn.ReLU(), nn.MaxPool2d(2)),
+            nn.Sequential(net.conv2, nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()),
+            nn.Sequential(net.fc1, nn.ReLU()), net.fc2]
+
+
+def mnist_params():
+    return sum(q.numel() for layer in mnist_layers() for q in layer.parameters())
+
+
+def mnist_model(images):
+    """What the planner can say of the CNN: its parameters (memory, DP traffic, 6 P per image with
+    F measured on this net), in 4 layers (FSDP's units); a sequence of one token per image. Its
+    activations the planner cannot describe (its formula is a transformer block's)."""
+    return Model(params=mnist_params(), layers=4, hidden=1, seq=1, batch=images, heads=1,
+                 value_bytes=4, optimizer_bytes=8)
+
+
+def build_mnist(config, images, rank, world):
+    """DP over the world: a flat all_reduce (ZeRO-0), ZeRO-1/2, or FSDP over the four layers."""
+    layers = mnist_layers()
+    fsdp = zero = None
+    if config.zero == 3:
+        module = fsdp = FullyShardedDataParallel(layers, group=None)
+        opt = torch.optim.Adam(fsdp.parameters(), lr=1e-4)
+    else:
+        module = nn.Sequential(*layers)
+        if config.zero:
+            opt = zero = ZeroOptimizer(module.parameters(), torch.optim.Adam, group=None, stage=config.zero, lr=1e-4)
+        else:
+            opt = torch.optim.Adam(module.parameters(), lr=1e-4)
+    params = list(module.parameters())
+    gen = torch.Generator().manual_seed(1 + rank)
+    x = torch.randn(images // world, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (images // world,), generator=gen)
+
+    def step(peak):
+        opt.zero_grad()
+        with peak.hooks():
+            nn.functional.cross_entropy(module(x), y).backward()
+        if not config.zero:
+            grads = torch.cat([q.grad.flatten() for q in params])
+            collectives.all_reduce(grads, algorithm="ring")
+            grads /= world
+            offset = 0
+            for q in params:
+                q.grad.copy_(grads[offset:offset + q.numel()].view_as(q))
+                offset += q.numel()
+        opt.step()
+
+    def held():
+        size = lambda ts: sum(t.numel() * t.element_size() for t in ts if t is not None)   # noqa: E731
+        grads = zero.grad_bytes() if zero else size(q.grad for q in params)
+        state = zero.state_bytes() if zero else optimizer_state_bytes(opt)
+        return dict(parameters=size(params), gradients=grads, optimizer=state)
+
+    param_ptrs = {q.untyped_storage().data_ptr() for q in params}
+    gathered = (lambda: {f.untyped_storage().data_ptr() for f in fsdp.full if f is not None}) if fsdp else set
+    return step, held, lambda: param_ptrs | gathered()
+
+
+def mnist_worker(rank, world, images, steps, configs):
+    """The MNIST net on ``world`` ranks, each configuration's step timed round-robin; F: 6 P per
+    image over the time of this rank training the whole net alone on its images, the others
+    doing the same."""
+    torch.set_num_threads(1)
+    net = nn.Sequential(*mnist_layers())
+    x, y = torch.randn(images // world, 1, 28, 28), torch.randint(0, 10, (images // world,))
+    times = []
+    for _ in range(steps + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        nn.functional.cross_entropy(net(x), y).backward()
+        times.append(time.perf_counter() - start)
+    flops = 6 * mnist_params() * (images // world) / statistics.median(times[1:])
+    return flops, rounds([build_mnist(c, images, rank, world) for c in configs], steps)
 
 
 def pairs_agreeing(planned, measured, tie=0.01):
@@ -324,13 +423,15 @@ def pairs_agreeing(planned, measured, tie=0.01):
     return same, total
 
 
-def measure(world, dims, steps=3, configs=CONFIGS, timeout=600):
-    """Run every configuration on ``world`` gloo ranks; (flops, [{kind: max over ranks, time}])."""
+def measure(world, dims, steps=3, configs=CONFIGS, timeout=600, mnist=False):
+    """Run every configuration on ``world`` gloo ranks; (flops, [{kind: max over ranks, time}]).
+    ``mnist``: the MNIST net instead, ``dims`` the images per step."""
     from collectives.tools.launch import run_in_group
-    model = model_of(*dims)
+    model = mnist_model(dims) if mnist else model_of(*dims)
     for config in configs:
         check(model, config, world)
-    per_rank = run_in_group(worker, world, dims, steps, configs, env={"COLLECTIVES_TIMEOUT": "60"}, timeout=timeout)
+    per_rank = run_in_group(mnist_worker if mnist else worker, world, dims, steps, configs,
+                            env={"COLLECTIVES_TIMEOUT": "60"}, timeout=timeout)
     flops = statistics.median(f for f, _ in per_rank)
     rows = [{k: max(rows[i][k] for _, rows in per_rank) for k in (*KINDS, "time")} for i in range(len(configs))]
     return flops, rows
@@ -357,55 +458,73 @@ def calibrate(world, iters=10, timeout=600):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.plan_check", description=__doc__.split("\n")[0])
     p.add_argument("--world-size", type=int, default=4, choices=sorted(DIMS))
+    p.add_argument("--model", choices=("transformer", "mnist"), default="transformer",
+                   help="mnist: the main job's CNN (collectives.train.models.Net), data parallel with ZeRO 0-3")
     p.add_argument("--layers", type=int)
     p.add_argument("--hidden", type=int)
     p.add_argument("--heads", type=int)
     p.add_argument("--seq", type=int)
-    p.add_argument("--batch", type=int)
+    p.add_argument("--batch", type=int, help=f"sequences per step (mnist: images per step, {MNIST_IMAGES})")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--topology", default="measured",
                    help="the planner's network: 'measured' (calibrated in this run, after the "
                         "training: worlds of 2 and --world-size ranks), or any of python -m collectives.sim's")
     args = p.parse_args(argv)
-    given = (args.layers, args.hidden, args.heads, args.seq, args.batch)
-    dims = tuple(d if g is None else g for d, g in zip(DIMS[args.world_size], given))
-    layers, hidden, heads, seq, batch = dims
-    model = model_of(*dims)
+    world, mnist = args.world_size, args.model == "mnist"
+    if mnist:
+        dims = args.batch or MNIST_IMAGES
+        model = mnist_model(dims)
+        configs = [Config(world, 1, 1, 1, zero=z) for z in range(4)]
+        planned_kinds = KINDS[:3]       # the planner's activations are a transformer block's
+        what = (f"the MNIST net (collectives.train.models.Net, {model.params:.0f} parameters), {dims} images "
+                f"per step, float32, Adam")
+    else:
+        given = (args.layers, args.hidden, args.heads, args.seq, args.batch)
+        dims = tuple(d if g is None else g for d, g in zip(DIMS[world], given))
+        model = model_of(*dims)
+        planned_kinds = KINDS
+        what = (f"{dims[0]} blocks, hidden {dims[1]}, {dims[2]} heads, {dims[3]} tokens x {dims[4]} sequences "
+                f"per step, float32, Adam")
+        try:
+            configs = configs_for(world, dims)
+        except ValueError as exc:
+            p.error(str(exc))
     try:
-        configs = configs_for(args.world_size, dims)
         for config in configs:
-            check(model, config, args.world_size)
+            check(model, config, world)
     except ValueError as exc:
         p.error(str(exc))
-    flops, rows = measure(args.world_size, dims, args.steps, configs)
+    flops, rows = measure(world, dims, args.steps, configs, mnist=mnist)
     topology = args.topology
     if topology == "measured":
         from collectives.sim import topology as topologies
-        topology = calibrate(args.world_size)
+        topology = calibrate(world)
         print("# " + topologies.describe(topology))
-    print(f"# {layers} blocks, hidden {hidden}, {heads} heads, {seq} tokens x {batch} "
-          f"sequences per step, float32, Adam; {args.world_size} gloo ranks; measured {flops / 1e9:.2f} GFLOP/s "
-          f"per rank; planner on --topology {args.topology}")
-    print("# memory KB per rank (largest rank): measured/planned; step ms: measured, planned")
+    print(f"# {what}; {world} gloo ranks; measured {flops / 1e9:.2f} GFLOP/s per rank; planner on "
+          f"--topology {args.topology}")
+    print("# memory KB per rank (largest rank): measured/planned; step ms: measured, planned"
+          + ("; activations: measured only" if mnist else ""))
     print(f"{'configuration':<30} " + " ".join(f"{k:>17}" for k in KINDS) + f" {'measured':>9} {'planned':>8}")
-    planned_t, measured_t, ratios = [], [], {k: [] for k in KINDS}
+    planned_t, measured_t, ratios = [], [], {k: [] for k in planned_kinds}
     for config, row in zip(configs, rows):
         plan_mem = memory(model, config)
         planned = step_time(model, config, topology, flops)[0]
         planned_t.append(planned)
         measured_t.append(row["time"])
-        for k in KINDS:
+        for k in planned_kinds:
             ratios[k].append(row[k] / plan_mem[k])
-        print(f"{str(config):<30} " + " ".join(f"{row[k] / 1e3:8.1f}/{plan_mem[k] / 1e3:8.1f}" for k in KINDS)
+        print(f"{str(config):<30} " + " ".join(f"{row[k] / 1e3:8.1f}/{plan_mem[k] / 1e3:8.1f}" if k in planned_kinds
+                                               else f"{row[k] / 1e3:8.1f}/{'-':>8}" for k in KINDS)
               + f" {row['time'] * 1e3:9.1f} {planned * 1e3:8.1f}")
-    for k in KINDS:
+    for k in planned_kinds:
         print(f"# {k}: measured/planned {min(ratios[k]):.3f} to {max(ratios[k]):.3f}")
-    total = [sum(r[k] for k in KINDS) / sum(memory(model, c).values()) for c, r in zip(configs, rows)]
-    print(f"# total memory: measured/planned {min(total):.3f} to {max(total):.3f}")
+    total = [sum(r[k] for k in planned_kinds) / sum(memory(model, c)[k] for k in planned_kinds)
+             for c, r in zip(configs, rows)]
+    print(f"# total memory{' but activations' if mnist else ''}: measured/planned {min(total):.3f} to {max(total):.3f}")
     same, pairs = pairs_agreeing(planned_t, measured_t)
     print(f"# step-time ranking: {same} of the {pairs} pairs the planner orders (of "
           f"{len(configs) * (len(configs) - 1) // 2}; the others it ties within 1%) in the same order: "
-          f"{same / pairs:.0%} (goal: >= 80%)")
+          f"{same / pairs:.0%} (goal: >= 80%)" if pairs else "# step-time ranking: the planner ties every pair")
     print(f"# measured/planned step time: {min(m / p for m, p in zip(measured_t, planned_t)):.2f} to "
           f"{max(m / p for m, p in zip(measured_t, planned_t)):.2f}")
     return 0

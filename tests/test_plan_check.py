@@ -189,3 +189,19 @@ def test_eight_ranks_list_every_product_the_model_allows():
     assert {c.zero for c in configs if c.dp == 8} == {0, 1, 2, 3} and len(set(configs)) == len(configs)
     with pytest.raises(SystemExit):
         main(["--world-size", "6"])
+
+
+def test_mnist_net_state_matches_the_planner():
+    """The main job's MNIST CNN, data parallel on 2 ranks with ZeRO-0, 1 and 3 (FSDP over its four
+    layers): parameters, gradients and Adam's state held after a step are the planner's for a
+    model of its parameter count (FSDP's padding to 2 pieces per layer, Adam's step counters).
+    Its activations the planner cannot describe (its formula is a transformer block's)."""
+    from benchmarks.plan_check import mnist_model, mnist_worker
+    configs = [Config(2, 1, 1, 1, zero=z) for z in (0, 1, 3)]
+    per_rank = run_world(mnist_worker, 2, 16, 1, configs, timeout=120)
+    model = mnist_model(16)
+    for i, config in enumerate(configs):
+        planned = memory(model, config)
+        for kind in KINDS[:3]:
+            measured = max(rows[i][kind] for _, rows in per_rank)
+            assert abs(measured / planned[kind] - 1) <= 0.01, (str(config), kind, measured, planned[kind])
