@@ -15,7 +15,8 @@ formulas of chapters 10 and 16-21:
   reduced shard the optimizer steps on as well; /d with ZeRO-2 and 3), optimizer
   ``12P/(t p)`` (/d with ZeRO-1 and up), where d counts DP x CP ranks: context-parallel
   ranks hold their replica's parameters and see other tokens, so the gradients are reduced
-  and ZeRO shards over the data-parallel group with CP folded in, as Megatron does; and activations, the peak autograd holds:
+  and ZeRO shards over the data-parallel group with CP folded in, as Megatron does; and
+  activations, the peak autograd holds:
   :func:`collectives.parallel.recompute.block_activation_elements` x e for each of the
   stage's L/p layers, for the micro-batches 1F1B's first stage holds at once (min(p, m)),
   sequence parallelism on whenever t > 1, the sequence S/c per rank; with recomputation
@@ -52,9 +53,11 @@ formulas of chapters 10 and 16-21:
   communication with compute is assumed: the time is an upper bound for a
   well-overlapped implementation, and a fair one for this library's.
 
-Checked against runs by ``python -m benchmarks.plan_check`` (11 configurations trained
-on 4 gloo ranks: memory by kind measured/planned, the ranking of step times; figures in
-docs/benchmarks.md) and ``tests/test_plan_check.py``; the expert figures against
+Checked against runs by ``python -m benchmarks.plan_check`` (16 configurations trained
+on 4 gloo ranks, context parallelism among them; 21 on 8 ranks; the MNIST job's CNN,
+data parallel: memory by kind measured/planned, the ranking of step times; figures in
+docs/benchmarks.md) and ``tests/test_plan_check.py`` (the CP bytes counted from a real
+zig-zag ring block); the expert figures against
 :class:`collectives.parallel.moe.MoE`'s counted bytes in ``tests/test_plan.py``.
 
 A configuration is feasible when its memory fits ``--memory`` bytes per rank; the
