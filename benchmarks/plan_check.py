@@ -162,6 +162,12 @@ class Checkpointed(nn.Module):
         return x
 
 
+def coordinates(config, rank):
+    """(pp, dp, cp, tp): this rank's place, TP innermost, then CP, DP, PP outermost."""
+    c = config
+    return rank // (c.tp * c.cp * c.dp), rank // (c.tp * c.cp) % c.dp, rank // c.tp % c.cp, rank % c.tp
+
+
 def groups_of(config, rank, world):
     """This rank's (coordinates, groups): TP innermost, then CP, DP, PP outermost (Megatron's order).
     The groups: ``tp``, ``cp`` (the ranks sharing one sequence), ``pp``, and ``dp``, the ranks
@@ -169,9 +175,7 @@ def groups_of(config, rank, world):
     together (Megatron's data-parallel group with CP folded in), over which the gradients are
     reduced and ZeRO shards. Every rank creates every group, in the same order (torch's rule
     for new_group)."""
-    c = config
-    coords = lambda r: (r // (c.tp * c.cp * c.dp), r // (c.tp * c.cp) % c.dp,      # noqa: E731 (pp, dp, cp, tp)
-                        r // c.tp % c.cp, r % c.tp)
+    coords = lambda r: coordinates(config, r)                                       # noqa: E731
     mine = {}
     for kind, key in (("tp", lambda r: coords(r)[:3]), ("cp", lambda r: (*coords(r)[:2], coords(r)[3])),
                       ("dp", lambda r: (coords(r)[0], coords(r)[3])), ("pp", lambda r: coords(r)[1:])):
@@ -247,16 +251,21 @@ def build(config, dims, rank, world):
     param_ptrs = {q.untyped_storage().data_ptr() for q in params}
     gathered = (lambda: {f.untyped_storage().data_ptr() for f in fsdp.full if f is not None}) if fsdp else set
 
+    def loss(out, y):
+        """This TP rank's share of the mean over the sequence (its shard's mean / t): the gradients
+        summed over the TP group are then the whole sequence's, as one process's are."""
+        return nn.functional.mse_loss(out, y) / c.tp
+
     def step(peak, update=True):
         """One training step; ``update=False`` stops before the optimizer (and so, under ZeRO,
         before the gradients are reduced), leaving the gradients in ``step.params``."""
         opt.zero_grad()
         with peak.hooks():
             if pipe:
-                pipe.step(m, xs if p == 0 else None, ys if p == c.pp - 1 else None, nn.functional.mse_loss)
+                pipe.step(m, xs if p == 0 else None, ys if p == c.pp - 1 else None, loss)
             else:
                 for x, y in zip(xs, ys):
-                    (nn.functional.mse_loss(module(x), y) / m).backward()
+                    (loss(module(x), y) / m).backward()
         if c.tp > 1:
             for b in blocks:
                 reduce_replicated_grads(b, g["tp"])

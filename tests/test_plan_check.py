@@ -8,8 +8,8 @@ with :func:`collectives.plan.memory` within 2% (the LayerNorms and two biases a 
 rank holds whole, Adam's step counters); the peak of activation bytes autograd holds within
 10% (the loss's saved tensors, which the planner leaves out). No timing is asserted.
 
-The CP step's gradients are one process's on the whole sequence, and the bytes a ring
-attention block sends are the planner's CP bytes.
+The steps' gradients (TP2, PP2, CP2, recomputed or not) are one process's on the whole
+batch, and the bytes a zig-zag ring attention block sends are the planner's CP bytes.
 """
 from benchmarks.plan_check import KINDS, PeakSaved, model_of, worker
 from collectives.plan import Config, communication, memory
@@ -104,42 +104,65 @@ NAMES = {"attn.qkv.weight": "attn.in_proj_weight", "attn.qkv.bias": "attn.in_pro
          "attn.out.weight": "attn.out_proj.weight", "attn.out.bias": "attn.out_proj.bias",
          "mlp.fc1.weight": "mlp.0.weight", "mlp.fc1.bias": "mlp.0.bias",
          "mlp.fc2.weight": "mlp.2.weight", "mlp.fc2.bias": "mlp.2.bias"}
+ONE_PROCESS = [Config(1, 2, 1, 1), Config(1, 2, 1, 1, recompute=True), Config(1, 1, 2, 1),
+               Config(1, 1, 1, 2), Config(1, 1, 1, 2, recompute=True)]
 
 
-def context_parallel_gradients(rank, world_size, dims):
-    """plan_check's CP step (zig-zag ring attention, gradients averaged over the CP group) and
-    one process training the whole sequence: (largest gradient difference, largest gradient)."""
+def cut(name, grad, n, r):
+    """A whole :class:`Block` parameter's gradient as :class:`ParallelBlock` cuts it for TP rank r of n."""
+    import torch
+    if name in ("attn.in_proj_weight", "attn.in_proj_bias"):        # [Q; K; V], this rank's heads of each
+        return torch.cat([part.chunk(n, 0)[r] for part in grad.chunk(3, 0)])
+    if name in ("mlp.0.weight", "mlp.0.bias"):                        # column-parallel
+        return grad.chunk(n, 0)[r]
+    if name in ("attn.out_proj.weight", "mlp.2.weight"):              # row-parallel
+        return grad.chunk(n, 1)[r]
+    return grad
+
+
+def one_process_gradients(rank, world_size, dims):
+    """plan_check's step in each of :data:`ONE_PROCESS`, stopped before the optimizer, against one
+    process training the whole sequences: per configuration (largest difference, largest gradient)."""
     import torch
     import torch.nn as nn
 
-    from benchmarks.plan_check import build
+    from benchmarks.plan_check import build, coordinates
     from collectives.parallel.tensor_parallel import Block
     layers, hidden, heads, seq, batch = dims
-    step, _, skip = build(Config(1, 1, 1, world_size), dims, rank, world_size)
-    step(PeakSaved(skip), update=False)
     torch.manual_seed(0)
-    whole = [Block(hidden, heads, 4 * hidden) for _ in range(layers)]
-    gen = torch.Generator().manual_seed(1)
+    model = nn.Sequential(*[Block(hidden, heads, 4 * hidden) for _ in range(layers)])
+    gen = torch.Generator().manual_seed(1)          # replica 0's data, as build draws it
     xs = [torch.randn(seq, 1, hidden, generator=gen).requires_grad_() for _ in range(batch)]
     ys = [torch.randn(seq, 1, hidden, generator=gen) for _ in range(batch)]
-    model = nn.Sequential(*whole)
     for x, y in zip(xs, ys):
         (nn.functional.mse_loss(model(x), y) / batch).backward()
     reference = dict(model.named_parameters())
-    got = dict(zip(step.names, step.params))
-    assert len(got) == len(reference)
-    diff = 0.0
-    for name, q in got.items():
-        layer, rest = name.split(".", 1)                    # "0.attn.qkv.weight": "0.attn.in_proj_weight"
-        diff = max(diff, (q.grad - reference[f"{layer}.{NAMES.get(rest, rest)}"].grad).abs().max().item())
-    return diff, max(q.grad.abs().max().item() for q in reference.values())
+    out = []
+    for config in ONE_PROCESS:
+        step, _, skip = build(config, dims, rank, world_size)
+        step(PeakSaved(skip), update=False)
+        p, _, _, t = coordinates(config, rank)
+        diff = 0.0
+        for name, q in zip(step.names, step.params):
+            # "0.attn.qkv.weight" (or Checkpointed's "blocks.0.attn.qkv.weight"): "0.attn.in_proj_weight"
+            layer, rest = name.removeprefix("blocks.").split(".", 1)
+            layer = int(layer) + p * layers // config.pp            # the stage's first layer is p L / pp
+            whole = NAMES.get(rest, rest)
+            expected = cut(whole, reference[f"{layer}.{whole}"].grad, config.tp, t)
+            diff = max(diff, (q.grad - expected).abs().max().item())
+        out.append((diff, max(q.grad.abs().max().item() for q in reference.values())))
+    return out
 
 
-def test_context_parallel_step_gives_one_process_gradients():
-    """CP2 on 2 ranks, every rank its zig-zag half of each sequence: after the step's reduction
-    every parameter's gradient is the one process's on the whole sequence."""
-    for diff, scale in run_world(context_parallel_gradients, 2, DIMS, timeout=120):
-        assert diff <= 1e-5 * scale, (diff, scale)
+def test_steps_give_one_process_gradients():
+    """On 2 ranks, TP2 (sequence parallel), PP2 (1F1B) and CP2 (each rank its zig-zag half of every
+    sequence), TP2 and CP2 also recomputed: after the step's reductions every rank's gradients are
+    one process's on the whole batch, cut as the rank holds the parameters."""
+    per_rank = run_world(one_process_gradients, 2, (2, 32, 4, 8, 2), timeout=120)
+    for i, config in enumerate(ONE_PROCESS):
+        for rows in per_rank:
+            diff, scale = rows[i]
+            assert diff <= 1e-5 * scale, (str(config), diff, scale)
 
 
 def context_parallel_traffic(rank, world_size):
