@@ -478,6 +478,9 @@ def main(argv=None):
     p.add_argument("--topology", default="measured",
                    help="the planner's network: 'measured' (calibrated in this run, after the "
                         "training: worlds of 2 and --world-size ranks), or any of python -m collectives.sim's")
+    p.add_argument("--save-topology", metavar="PATH",
+                   help="with --topology measured: write the calibrated network as JSON, for another "
+                        "run's --topology PATH (the calibration takes minutes on a busy machine)")
     args = p.parse_args(argv)
     world, mnist = args.world_size, args.model == "mnist"
     if mnist:
@@ -506,9 +509,15 @@ def main(argv=None):
     flops, rows = measure(world, dims, args.steps, configs, mnist=mnist)
     topology = args.topology
     if topology == "measured":
-        from collectives.sim import topology as topologies
         topology = calibrate(world)
-        print("# " + topologies.describe(topology))
+        if args.save_topology:
+            import json
+            with open(args.save_topology, "w") as f:
+                json.dump(topology, f, indent=1)
+    if not isinstance(topology, str) or topology.endswith(".json"):
+        from collectives.sim import load_topology
+        from collectives.sim import topology as topologies
+        print("# " + topologies.describe(load_topology(topology)))
     print(f"# {what}; {world} gloo ranks; measured {flops / 1e9:.2f} GFLOP/s per rank; planner on "
           f"--topology {args.topology}")
     print("# memory KB per rank (largest rank): measured/planned; step ms: measured, planned"
