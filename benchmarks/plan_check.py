@@ -241,6 +241,7 @@ def build(config, dims, rank, world):
         """This rank's positions of a whole sequence: its zig-zag part of the CP group's, then its TP shard."""
         mine = zigzag_split(whole, c.cp, cr, dim=0) if c.cp > 1 else whole
         return mine[t * shard:(t + 1) * shard]
+
     params = list(module.parameters())
     gen = torch.Generator().manual_seed(1 + d)
     # the input needs a gradient, as a block's input inside a network does (a checkpointed block
