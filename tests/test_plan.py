@@ -209,3 +209,6 @@ def test_context_parallel_ranks_reduce_the_gradients_and_share_zero():
     assert communication(MODEL, Config(1, 1, 1, 8))["cp"] == per * (7 * 6 * k + 2 * k + 7 * 256)
     assert communication(MODEL, Config(1, 1, 1, 8, recompute=True))["cp"] == \
         per * (7 * 8 * k + 2 * k + 2 * 7 * 256)
+    # ZeRO is enumerated wherever DP x CP > 1, CP alone included
+    assert {c.zero for c in configurations(MODEL, 8) if (c.dp, c.cp) == (1, 8)} == {0, 1, 2, 3}
+    assert {c.zero for c in configurations(MODEL, 8) if (c.dp, c.cp) == (1, 1)} == {0}

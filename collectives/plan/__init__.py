@@ -377,14 +377,14 @@ def divisors(n):
 
 def configurations(model, ranks, zero_stages=(0, 1, 2, 3), recompute=(False, True)):
     """Every valid DP x TP x PP x CP = ranks (and EP dividing DP for a mixture of experts), with
-    each ZeRO stage and recomputation setting."""
+    each ZeRO stage (where DP x CP > 1: ZeRO shards over those ranks) and recomputation setting."""
     out = []
     for tp in divisors(ranks):
         for pp in divisors(ranks // tp):
             for cp in divisors(ranks // (tp * pp)):
                 dp = ranks // (tp * pp * cp)
                 for ep in divisors(dp) if model.experts else (1,):
-                    for zero in zero_stages if dp > 1 else (0,):
+                    for zero in zero_stages if dp * cp > 1 else (0,):     # ZeRO shards over DP x CP
                         for r in recompute:
                             config = Config(dp, tp, pp, cp, zero, r, ep=ep)
                             try:
