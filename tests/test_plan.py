@@ -191,3 +191,24 @@ def test_zero3_gathers_and_scatters_layer_by_layer():
         assert set(got) == {("all_gather", 8 // pp, 2 * layers), ("reduce_scatter", 8 // pp, layers)}
         assert all(abs(b - per_layer) < 1e-6 * per_layer for b in got.values())
     assert communication(MODEL, Config(8, 1, 1, 1, zero=3))["dp"] == pytest.approx(3 * 7 / 8 * 2 * MODEL.params)
+
+
+def test_context_parallel_ranks_reduce_the_gradients_and_share_zero():
+    """CP ranks hold their replica's parameters and see other tokens: the gradients are reduced,
+    and ZeRO shards, over DP x CP ranks (Megatron's data-parallel group with CP folded in); the
+    zig-zag ring sends (K, V) c-1 times forward, (K, V, dK, dV) c-1 times and (dK, dV) once
+    backward, plus each forward's shape check (counted from a real block on 4 ranks in
+    tests/test_plan_check.py)."""
+    p = MODEL.params
+    assert communication(MODEL, Config(2, 1, 1, 4))["dp"] == 2 * 7 / 8 * 2 * p
+    assert communication(MODEL, Config(1, 1, 1, 8))["dp"] == 2 * 7 / 8 * 2 * p
+    assert memory(MODEL, Config(2, 1, 1, 4, zero=1))["optimizer"] == 12 * p / 8
+    assert memory(MODEL, Config(2, 1, 1, 4, zero=3))["parameters"] == 2 * p / 8
+    k = 2048 // 8 * 2048 * 2                    # one K chunk: S/c x b x H x e, TP1
+    per = 24 * 64                               # layers x micro-batches
+    assert communication(MODEL, Config(1, 1, 1, 8))["cp"] == per * (7 * 6 * k + 2 * k + 7 * 256)
+    assert communication(MODEL, Config(1, 1, 1, 8, recompute=True))["cp"] == \
+        per * (7 * 8 * k + 2 * k + 2 * 7 * 256)
+    # ZeRO is enumerated wherever DP x CP > 1, CP alone included
+    assert {c.zero for c in configurations(MODEL, 8) if (c.dp, c.cp) == (1, 8)} == {0, 1, 2, 3}
+    assert {c.zero for c in configurations(MODEL, 8) if (c.dp, c.cp) == (1, 1)} == {0}

@@ -13,17 +13,20 @@ formulas of chapters 10 and 16-21:
   parameter; ``Model.value_bytes`` and ``optimizer_bytes`` change them): parameters
   ``eP/(t p)`` (/d with ZeRO-3), gradients ``eP/(t p)`` (x (1 + 1/d) with ZeRO-1: the
   reduced shard the optimizer steps on as well; /d with ZeRO-2 and 3), optimizer
-  ``12P/(t p)`` (/d with ZeRO-1 and up); and activations, the peak autograd holds:
+  ``12P/(t p)`` (/d with ZeRO-1 and up), where d counts DP x CP ranks: context-parallel
+  ranks hold their replica's parameters and see other tokens, so the gradients are reduced
+  and ZeRO shards over the data-parallel group with CP folded in, as Megatron does; and
+  activations, the peak autograd holds:
   :func:`collectives.parallel.recompute.block_activation_elements` x e for each of the
   stage's L/p layers, for the micro-batches 1F1B's first stage holds at once (min(p, m)),
   sequence parallelism on whenever t > 1, the sequence S/c per rank; with recomputation
   each layer's input, plus the rest of the one layer backward is recomputing;
 * **experts**: with E experts per layer (``params`` counting one, so that P stays the
   dense model's size) a rank holds E/EP experts per layer of its stage; their copies are
-  shared by DP/EP ranks, so ZeRO shards them and their gradients are reduced over DP/EP
-  ranks, the dense rest over DP;
+  shared by DP x CP/EP ranks, so ZeRO shards them and their gradients are reduced over
+  those ranks, the dense rest over DP x CP;
 * **communication** per step by kind, bytes one rank sends with the ring algorithms:
-  DP ``2(d-1)/d`` x its gradient bytes (ZeRO-1 and 2 as a reduce-scatter and an
+  DP ``2(d-1)/d`` x its gradient bytes (d = DP x CP) (ZeRO-1 and 2 as a reduce-scatter and an
   all-gather, the same bytes; ZeRO-3: ``3(d-1)/d`` x its parameter bytes, layer by layer:
   each layer gathered before its forward and its backward, its gradient reduce-scattered,
   3 calls per layer); TP
@@ -31,8 +34,10 @@ formulas of chapters 10 and 16-21:
   ``ParallelBlock(sequence_parallel="regather")`` runs it: 6 all-gathers, the backward's 2
   gathering the inputs again, and 4 reduce-scatters of A = S/c x b x H x e bytes; 14 with
   recomputation, the forward's 2 + 2 again); PP 2A per
-  micro-batch (an activation forward, a gradient back); CP the ring attention's
-  ``(c-1) 6k + 2k`` per layer and micro-batch (k = one K chunk, A/t bytes); EP four
+  micro-batch (an activation forward, a gradient back); CP the zig-zag ring attention's
+  ``(c-1) 6k + 2k`` per layer and micro-batch (k = one K chunk, A/t bytes: (K, V) c-1 times
+  forward, (K, V, dK, dV) c-1 times backward and (dK, dV) once more; with recomputation
+  ``(c-1) 2k`` more) and each forward's shape check, as the TP blocks'; EP four
   all_to_alls of the k copies of each token per layer and micro-batch (dispatch and
   combine, forward and backward; six with recomputation), ``(EP-1)/EP x k A`` each when
   the router spreads tokens evenly, plus the 8-byte counts of each forward
@@ -48,9 +53,11 @@ formulas of chapters 10 and 16-21:
   communication with compute is assumed: the time is an upper bound for a
   well-overlapped implementation, and a fair one for this library's.
 
-Checked against runs by ``python -m benchmarks.plan_check`` (11 configurations trained
-on 4 gloo ranks: memory by kind measured/planned, the ranking of step times; figures in
-docs/benchmarks.md) and ``tests/test_plan_check.py``; the expert figures against
+Checked against runs by ``python -m benchmarks.plan_check`` (16 configurations trained
+on 4 gloo ranks, context parallelism among them; 21 on 8 ranks; the MNIST job's CNN,
+data parallel: memory by kind measured/planned, the ranking of step times; figures in
+docs/benchmarks.md) and ``tests/test_plan_check.py`` (the CP bytes counted from a real
+zig-zag ring block); the expert figures against
 :class:`collectives.parallel.moe.MoE`'s counted bytes in ``tests/test_plan.py``.
 
 A configuration is feasible when its memory fits ``--memory`` bytes per rank; the
@@ -193,12 +200,15 @@ def local_params(model, config):
     """(dense, expert): the parameters one rank holds before ZeRO, and how many ranks share each
     part's copies (the ZeRO and data-parallel group of each): (values, sharers) twice."""
     c = config
+    # context-parallel ranks hold the same parameters as their replica's other ranks and see
+    # other tokens: their gradients are reduced, and ZeRO shards, over DP x CP ranks (Megatron's
+    # data-parallel group with CP folded in)
     if not model.experts:
-        return (model.params / (c.tp * c.pp), c.dp), (0.0, 1)
+        return (model.params / (c.tp * c.pp), c.dp * c.cp), (0.0, 1)
     expert = model.layers * model.expert_params         # one expert per layer is in ``params``
     dense = (model.params - expert) / (c.tp * c.pp)
     mine = expert * (model.experts // c.ep) / (c.tp * c.pp)
-    return (dense, c.dp), (mine, c.dp // c.ep)
+    return (dense, c.dp * c.cp), (mine, c.dp * c.cp // c.ep)
 
 
 def memory(model, config):
@@ -262,9 +272,15 @@ def calls(model, config):
     if c.pp > 1:
         out["pp"] = [("send", 2, a, 2 * m)]
     if c.cp > 1:
+        # per layer and micro-batch, the zig-zag ring (collectives.parallel.ring_attention_zigzag):
+        # each forward (twice with recomputation) passes (K, V) c-1 times; the backward passes
+        # (K, V, dK, dV) c-1 times and (dK, dV) once more, home; every forward first compares
+        # the ranks' chunks (one all_gather of a LINE_BYTES line per rank)
         k = a // c.tp
-        out["cp"] = [("ring", c.cp, 2 * k, (c.cp - 1) * (3 if c.recompute else 2) * layers * m),
-                     ("ring", c.cp, 4 * k, (c.cp - 1) * layers * m)]
+        forwards = (2 if c.recompute else 1) * layers * m
+        out["cp"] = [("ring", c.cp, 2 * k, (c.cp - 1) * forwards + layers * m),
+                     ("ring", c.cp, 4 * k, (c.cp - 1) * layers * m),
+                     ("all_gather", c.cp, c.cp * LINE_BYTES, forwards)]
     if c.ep > 1:
         # per MoE layer and micro-batch: dispatch and combine forward, both again backward (and
         # forward once more with recomputation); the k copies of each token, routed evenly; the
@@ -291,9 +307,11 @@ def communication(model, config):
 
 
 def stride(config, kind):
-    """Distance between consecutive ranks of a ``kind`` group (TP innermost, then CP, DP, PP)."""
+    """Distance between consecutive ranks of a ``kind`` group (TP innermost, then CP, DP, PP; the
+    ``dp`` kind is the DP x CP group the gradients are reduced over)."""
     c = config
-    return {"tp": 1, "cp": c.tp, "dp": c.tp * c.cp, "ep": c.tp * c.cp, "pp": c.tp * c.cp * c.dp}[kind]
+    # the gradients' group is DP x CP: stride TP (with CP = 1, DP's own stride)
+    return {"tp": 1, "cp": c.tp, "dp": c.tp, "ep": c.tp * c.cp, "pp": c.tp * c.cp * c.dp}[kind]
 
 
 def group_topology(spec, k):
@@ -359,14 +377,14 @@ def divisors(n):
 
 def configurations(model, ranks, zero_stages=(0, 1, 2, 3), recompute=(False, True)):
     """Every valid DP x TP x PP x CP = ranks (and EP dividing DP for a mixture of experts), with
-    each ZeRO stage and recomputation setting."""
+    each ZeRO stage (where DP x CP > 1: ZeRO shards over those ranks) and recomputation setting."""
     out = []
     for tp in divisors(ranks):
         for pp in divisors(ranks // tp):
             for cp in divisors(ranks // (tp * pp)):
                 dp = ranks // (tp * pp * cp)
                 for ep in divisors(dp) if model.experts else (1,):
-                    for zero in zero_stages if dp > 1 else (0,):
+                    for zero in zero_stages if dp * cp > 1 else (0,):     # ZeRO shards over DP x CP
                         for r in recompute:
                             config = Config(dp, tp, pp, cp, zero, r, ep=ep)
                             try:
