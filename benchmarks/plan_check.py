@@ -214,6 +214,25 @@ def parallel_block(block, tp, cp, sequence_parallel):
     return out
 
 
+def average_grads(params, group, ranks):
+    """Sum the gradients over ``group`` in one flat bucket (a ring all_reduce) and divide by ``ranks``."""
+    grads = torch.cat([q.grad.flatten() for q in params])
+    collectives.all_reduce(grads, group=group, algorithm="ring")
+    grads /= ranks
+    offset = 0
+    for q in params:
+        q.grad.copy_(grads[offset:offset + q.numel()].view_as(q))
+        offset += q.numel()
+
+
+def state_held(params, zero, opt):
+    """Bytes of parameters, gradients and optimizer state this rank holds after a step."""
+    size = lambda ts: sum(t.numel() * t.element_size() for t in ts if t is not None)   # noqa: E731
+    grads = zero.grad_bytes() if zero else size(q.grad for q in params)
+    state = zero.state_bytes() if zero else optimizer_state_bytes(opt)
+    return dict(parameters=size(params), gradients=grads, optimizer=state)
+
+
 def build(config, dims, rank, world):
     """This rank's part of the model, its optimizer, and one training step as a function."""
     layers, hidden, heads, seq, batch = dims
@@ -271,21 +290,12 @@ def build(config, dims, rank, world):
             for b in blocks:
                 reduce_replicated_grads(b, g["tp"])
         if c.dp * c.cp > 1 and not c.zero:
-            grads = torch.cat([q.grad.flatten() for q in params])     # one bucket
-            collectives.all_reduce(grads, group=g["dp"], algorithm="ring")
-            grads /= c.dp * c.cp
-            offset = 0
-            for q in params:
-                q.grad.copy_(grads[offset:offset + q.numel()].view_as(q))
-                offset += q.numel()
+            average_grads(params, g["dp"], c.dp * c.cp)
         if update:
             opt.step()
 
     def held():
-        size = lambda ts: sum(x.numel() * x.element_size() for x in ts if x is not None)   # noqa: E731
-        grads = zero.grad_bytes() if zero else size(q.grad for q in params)
-        state = zero.state_bytes() if zero else optimizer_state_bytes(opt)
-        return dict(parameters=size(params), gradients=grads, optimizer=state)
+        return state_held(params, zero, opt)
 
     step.params = params
     step.names = [n for n, _ in module.named_parameters()]
@@ -382,20 +392,11 @@ def build_mnist(config, images, rank, world):
         with peak.hooks():
             nn.functional.cross_entropy(module(x), y).backward()
         if not config.zero:
-            grads = torch.cat([q.grad.flatten() for q in params])
-            collectives.all_reduce(grads, algorithm="ring")
-            grads /= world
-            offset = 0
-            for q in params:
-                q.grad.copy_(grads[offset:offset + q.numel()].view_as(q))
-                offset += q.numel()
+            average_grads(params, None, world)
         opt.step()
 
     def held():
-        size = lambda ts: sum(t.numel() * t.element_size() for t in ts if t is not None)   # noqa: E731
-        grads = zero.grad_bytes() if zero else size(q.grad for q in params)
-        state = zero.state_bytes() if zero else optimizer_state_bytes(opt)
-        return dict(parameters=size(params), gradients=grads, optimizer=state)
+        return state_held(params, zero, opt)
 
     param_ptrs = {q.untyped_storage().data_ptr() for q in params}
     gathered = (lambda: {f.untyped_storage().data_ptr() for f in fsdp.full if f is not None}) if fsdp else set
