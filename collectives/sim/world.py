@@ -304,12 +304,9 @@ class World:
         return start + seconds
 
     def compute(self, rank, nbytes):
-        """``rank`` reduces ``nbytes``: it is busy gamma * nbytes (``busy``); the network is not."""
+        """``rank`` reduces ``nbytes``: it is busy gamma * nbytes; the network is not."""
         self.ranks[rank].reduced_bytes += nbytes
-        seconds = self.fabric.gamma_at(nbytes) * nbytes
-        if self.slow is not None:
-            seconds *= self.slow[rank]
-        self._busy(rank, seconds)
+        self.busy(rank, self.fabric.gamma_at(nbytes) * nbytes)
 
     def settle(self, rank, seconds=0.0):
         """``rank`` takes CPU time for its local work since it last did (``MemoryWork``) and
@@ -583,12 +580,7 @@ class SimDoor:
         self.exchange(step, recvs=((tensor, peer),))
 
     def sendrecv(self, send_tensor, dst, recv_tensor, src, step):
-        # exchange()'s body, not a call to it: a ring calls this 2(N-1) times on each rank
-        world = self.world
-        ends = world.post(self.rank, step, ((send_tensor, dst),), ((recv_tensor, src),),
-                          self.collective, self.algorithm)
-        if ends:
-            world.wait(self.rank, ends)
+        self.exchange(step, ((send_tensor, dst),), ((recv_tensor, src),))
 
 
 class ChargedOp:

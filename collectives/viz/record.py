@@ -130,12 +130,6 @@ def inputs(collective, r, n, root, mode, device):
     raise ValueError(f"unknown collective {collective!r}; known: {', '.join(REGISTRY)}")
 
 
-def link_name(fabric, link):
-    """A reader's name for one of ``fabric.route``'s link ids (:func:`collectives.viz.layout.link`)."""
-    from .layout import link as _link
-    return _link(fabric, link)[0]
-
-
 def _where(tensor, bufs):
     """(output index, first cell) where ``tensor`` lies inside one of ``bufs``, or None."""
     if tensor is None or tensor.is_meta:
