@@ -28,10 +28,11 @@ parallelism is not in the step here.
 
 ``--model mnist``: the main job's MNIST CNN (:class:`collectives.train.models.Net`),
 data parallel over every rank with ZeRO 0-3 (FSDP over its four layers), 256 random
-images per step. The planner knows only its parameter count (a one-token "sequence" per
-image, F measured as 6 P per image on this net): parameters, gradients, optimizer state
-and the step time are checked; its activations are printed measured only (the planner's
-formula is a transformer block's), and so recomputation is not checked on it.
+images per step. The planner knows it by its parameter count (a one-token "sequence" per
+image, F measured as 6 P per image on this net) and by the bytes autograd keeps per image,
+counted in this process on one image and on two before any rank starts
+(:func:`collectives.plan.counted_activations`: its formula is a transformer block's);
+every kind of memory and the step time are checked. Recomputation is not planned for it.
 
 For each configuration it prints, per rank the largest of the N ranks:
 
@@ -266,7 +267,9 @@ def build(config, dims, rank, world):
     # the input needs a gradient, as a block's input inside a network does (a checkpointed block
     # whose input needs none would give its parameters none either: they are not its arguments)
     xs = [part(torch.randn(seq, 1, hidden, generator=gen)).clone().requires_grad_() for _ in range(m)]
-    ys = [part(torch.randn(seq, 1, hidden, generator=gen)) for _ in range(m)]
+    # a copy of this rank's part, as a rank would hold it: a view of the whole sequence would keep
+    # the whole sequence's storage, which the loss saves for backward and PeakSaved counts whole
+    ys = [part(torch.randn(seq, 1, hidden, generator=gen)).clone() for _ in range(m)]
     pipe = PipelineStage(module, recv_shape=(shard, 1, hidden), group=g["pp"]) if c.pp > 1 else None
     param_ptrs = {q.untyped_storage().data_ptr() for q in params}
     gathered = (lambda: {f.untyped_storage().data_ptr() for f in fsdp.full if f is not None}) if fsdp else set
@@ -363,10 +366,22 @@ def mnist_params():
 
 def mnist_model(images):
     """What the planner can say of the CNN: its parameters (memory, DP traffic, 6 P per image with
-    F measured on this net), in 4 layers (FSDP's units); a sequence of one token per image. Its
-    activations the planner cannot describe (its formula is a transformer block's)."""
+    F measured on this net), in 4 layers (FSDP's units); a sequence of one token per image; its
+    activations per image and per call, counted on one image and on two in this process (the
+    planner's formula is a transformer block's)."""
+    from collectives.plan import counted_activations
+    net = nn.Sequential(*mnist_layers())
+    per_image, per_call = counted_activations(
+        lambda xy: nn.functional.cross_entropy(net(xy[0]), xy[1]),
+        lambda k: (torch.zeros(k, 1, 28, 28), torch.zeros(k, dtype=torch.long)), net.parameters())
     return Model(params=mnist_params(), layers=4, hidden=1, seq=1, batch=images, heads=1,
-                 value_bytes=4, optimizer_bytes=8)
+                 value_bytes=4, optimizer_bytes=8, activations_per_sample=per_image,
+                 activations_per_call=per_call)
+
+
+def mnist_configs(world, images):
+    """DP over every rank with ZeRO 0-3, each rank's images one micro-batch."""
+    return [Config(world, 1, 1, 1, zero=z, micro_batch=images // world) for z in range(4)]
 
 
 def build_mnist(config, images, rank, world):
@@ -488,15 +503,13 @@ def main(argv=None):
     if mnist:
         dims = args.batch or MNIST_IMAGES
         model = mnist_model(dims)
-        configs = [Config(world, 1, 1, 1, zero=z) for z in range(4)]
-        planned_kinds = KINDS[:3]       # the planner's activations are a transformer block's
+        configs = mnist_configs(world, dims)
         what = (f"the MNIST net (collectives.train.models.Net, {model.params:.0f} parameters), {dims} images "
                 f"per step, float32, Adam")
     else:
         given = (args.layers, args.hidden, args.heads, args.seq, args.batch)
         dims = tuple(d if g is None else g for d, g in zip(DIMS[world], given))
         model = model_of(*dims)
-        planned_kinds = KINDS
         what = (f"{dims[0]} blocks, hidden {dims[1]}, {dims[2]} heads, {dims[3]} tokens x {dims[4]} sequences "
                 f"per step, float32, Adam")
         try:
@@ -522,25 +535,22 @@ def main(argv=None):
         print("# " + topologies.describe(load_topology(topology)))
     print(f"# {what}; {world} gloo ranks; measured {flops / 1e9:.2f} GFLOP/s per rank; planner on "
           f"--topology {args.topology}")
-    print("# memory KB per rank (largest rank): measured/planned; step ms: measured, planned"
-          + ("; activations: measured only" if mnist else ""))
+    print("# memory KB per rank (largest rank): measured/planned; step ms: measured, planned")
     print(f"{'configuration':<30} " + " ".join(f"{k:>17}" for k in KINDS) + f" {'measured':>9} {'planned':>8}")
-    planned_t, measured_t, ratios = [], [], {k: [] for k in planned_kinds}
+    planned_t, measured_t, ratios = [], [], {k: [] for k in KINDS}
     for config, row in zip(configs, rows):
         plan_mem = memory(model, config)
         planned = step_time(model, config, topology, flops)[0]
         planned_t.append(planned)
         measured_t.append(row["time"])
-        for k in planned_kinds:
+        for k in KINDS:
             ratios[k].append(row[k] / plan_mem[k])
-        print(f"{str(config):<30} " + " ".join(f"{row[k] / 1e3:8.1f}/{plan_mem[k] / 1e3:8.1f}" if k in planned_kinds
-                                               else f"{row[k] / 1e3:8.1f}/{'-':>8}" for k in KINDS)
+        print(f"{str(config):<30} " + " ".join(f"{row[k] / 1e3:8.1f}/{plan_mem[k] / 1e3:8.1f}" for k in KINDS)
               + f" {row['time'] * 1e3:9.1f} {planned * 1e3:8.1f}")
-    for k in planned_kinds:
+    for k in KINDS:
         print(f"# {k}: measured/planned {min(ratios[k]):.3f} to {max(ratios[k]):.3f}")
-    total = [sum(r[k] for k in planned_kinds) / sum(memory(model, c)[k] for k in planned_kinds)
-             for c, r in zip(configs, rows)]
-    print(f"# total memory{' but activations' if mnist else ''}: measured/planned {min(total):.3f} to {max(total):.3f}")
+    total = [sum(r[k] for k in KINDS) / sum(memory(model, c).values()) for c, r in zip(configs, rows)]
+    print(f"# total memory: measured/planned {min(total):.3f} to {max(total):.3f}")
     same, pairs = pairs_agreeing(planned_t, measured_t)
     print(f"# step-time ranking: {same} of the {pairs} pairs the planner orders (of "
           f"{len(configs) * (len(configs) - 1) // 2}; the others it ties within 1%) in the same order: "

@@ -20,7 +20,10 @@ formulas of chapters 10 and 16-21:
   :func:`collectives.parallel.recompute.block_activation_elements` x e for each of the
   stage's L/p layers, for the micro-batches 1F1B's first stage holds at once (min(p, m)),
   sequence parallelism on whenever t > 1, the sequence S/c per rank; with recomputation
-  each layer's input, plus the rest of the one layer backward is recomputing;
+  each layer's input, plus the rest of the one layer backward is recomputing. A model that
+  is not a transformer (the MNIST job's CNN) gives its activations per sample and per call
+  instead, counted on one sample and on two (:func:`counted_activations`), and is planned
+  data parallel only, a micro-batch the samples one rank runs at once;
 * **experts**: with E experts per layer (``params`` counting one, so that P stays the
   dense model's size) a rank holds E/EP experts per layer of its stage; their copies are
   shared by DP x CP/EP ranks, so ZeRO shards them and their gradients are reduced over
@@ -105,7 +108,13 @@ class Model:
     ``top_k`` of them (``params`` then counts one expert per layer: the dense model's size).
     ``value_bytes`` (parameters, gradients, activations) and ``optimizer_bytes`` (state per
     parameter) default to mixed precision with Adam, 2 and 12; a float32 run with plain Adam
-    is 4 and 8."""
+    is 4 and 8.
+
+    A model that is not a transformer (the MNIST job's CNN) states its activations itself:
+    ``activations_per_sample`` bytes autograd keeps per sample of a micro-batch, plus
+    ``activations_per_call`` whatever its size (:func:`counted_activations` counts both by
+    running the model on one sample and on two, in one process). It is planned data parallel
+    only (with any ZeRO stage), a micro-batch being the samples one rank runs at once."""
     params: float
     layers: int
     hidden: int
@@ -116,6 +125,8 @@ class Model:
     top_k: int = 1
     value_bytes: int = BYTES
     optimizer_bytes: int = OPTIMIZER_BYTES
+    activations_per_sample: float = 0.0
+    activations_per_call: float = 0.0
 
     @property
     def a(self):
@@ -188,6 +199,9 @@ def check(model, config, ranks):
         raise ValueError(f"plan: EP={c.ep} must divide DP={c.dp} (the experts are spread over data-parallel ranks)")
     if model.experts % c.ep:
         raise ValueError(f"plan: {model.experts} experts are not divisible by EP={c.ep}")
+    if model.activations_per_sample and (c.tp, c.pp, c.cp, c.recompute) != (1, 1, 1, False):
+        raise ValueError(f"plan: a model described by its activations per sample (not a transformer) is "
+                         f"planned data parallel only (TP = PP = CP = 1, no recomputation), got {c}")
     if model.experts and not 1 <= model.top_k <= model.experts:
         raise ValueError(f"plan: top_k={model.top_k} must be between 1 and the {model.experts} experts")
 
@@ -225,6 +239,9 @@ def memory(model, config):
         # ZeRO-1 keeps the whole gradient and, for the optimizer, its reduced 1/d shard of it
         grads += e * values * ({0: 1, 1: 1 + 1 / sharers}.get(c.zero) or 1 / sharers)
         optimizer += model.optimizer_bytes * values / (sharers if c.zero >= 1 else 1)
+    if model.activations_per_sample:     # a model that is not a transformer, data parallel only
+        activations = model.activations_per_call + model.activations_per_sample * c.micro_batch
+        return dict(parameters=params, gradients=grads, optimizer=optimizer, activations=activations)
     args = (model.seq // c.cp, c.micro_batch, model.hidden, model.a, model.ffn, c.tp, c.tp > 1)
     per_layer = block_activation_elements(*args, recompute=c.recompute)
     held = min(c.pp, micro_batches(model, c))
@@ -232,6 +249,26 @@ def memory(model, config):
     if c.recompute:     # backward runs one layer's forward again, keeping all of that layer (its input is kept already)
         activations += e * (block_activation_elements(*args) - per_layer)
     return dict(parameters=params, gradients=grads, optimizer=optimizer, activations=activations)
+
+
+def counted_activations(forward, sample, parameters=()):
+    """(per sample, per call): the bytes autograd keeps for backward when ``forward`` (a model and
+    its loss, taking a batch) runs on one sample and on two (``sample(k)`` makes a batch of k),
+    each storage once, ``parameters`` left out
+    (:func:`collectives.parallel.recompute.saved_activation_bytes`). For a model that is not a
+    transformer block, whose activations :func:`memory`'s formula does not describe: a
+    convolution keeps its input, a ReLU its output, max pooling its indices (int64), each in
+    proportion to the samples; what is kept whatever the batch is the rest.
+
+    Example::
+
+        >>> net = Net()     # collectives.train.models
+        >>> counted_activations(lambda x: net(x).sum(), lambda k: torch.zeros(k, 1, 28, 28), net.parameters())
+    """
+    from ..parallel.recompute import saved_activation_bytes
+    parameters = list(parameters)
+    one, two = (saved_activation_bytes(forward, sample(k), exclude=parameters)[1] for k in (1, 2))
+    return float(two - one), float(2 * one - two)
 
 
 def activation_bytes(model, config):
