@@ -85,7 +85,7 @@ def configs_for(world, dims):
     """The configurations checked on ``world`` ranks: on 4, :data:`CONFIGS`; on 8, every
     DP x TP x PP x CP = 8 the model allows (:func:`collectives.plan.configurations`), plus
     DP8 with ZeRO-1, 2 and 3 and with recomputation, and CP8 and DP2 x TP2 x PP2 with
-    recomputation."""
+    recomputation, where the model allows them."""
     if world == 4:
         return CONFIGS
     if world != 8:
@@ -95,9 +95,16 @@ def configs_for(world, dims):
     extra = [Config(8, 1, 1, 1, zero=z) for z in (1, 2, 3)] + [Config(8, 1, 1, 1, recompute=True),
                                                                 Config(1, 1, 1, 8, recompute=True),
                                                                 Config(2, 2, 2, 1, recompute=True)]
-    for config in extra:
+    return configurations(model, world, zero_stages=(0,), recompute=(False,)) + [c for c in extra if _fits(model, c, world)]
+
+
+def _fits(model, config, world):
+    """Whether ``model`` can be split as ``config`` (a sequence of 4 tokens has no CP8)."""
+    try:
         check(model, config, world)
-    return configurations(model, world, zero_stages=(0,), recompute=(False,)) + extra
+    except ValueError:
+        return False
+    return True
 
 
 def block_params(h):
