@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from collectives.sim import simulate
-from collectives.sim.topology import build, validate
+from collectives.sim.topology import PRESETS, build, validate
 
 K = 1000                       # bytes of one message of a train
 B = 1e9                        # bytes/s of every link of the flat switch (G = 1 ns/B)
@@ -174,10 +174,13 @@ def test_cli_model_and_gap(capsys):
     out, ab = time_of("--model", "alpha-beta")
     assert "alpha-beta" in out.splitlines()[0]
     assert ab == pytest.approx((10e-6 + 7 * 4096 / 12.5e9) * 1e6, abs=0.005)   # printed to 0.01 us
-    _, gap = time_of("--gap", "2e-6")
-    # the root starts a message each 2 us: the last starts at 6 * 2 us; the links are never
-    # the limit (4096 B take 0.33 us, less than g), so it lands alpha + S/B later
-    assert gap == pytest.approx((6 * 2e-6 + 10e-6 + 4096 / 12.5e9) * 1e6, abs=0.005)
+    _, gap = time_of("--gap", "5e-6")
+    # the root posts its 7 sends at once, the first out after o (the preset's overhead, 3 us);
+    # then it starts a message each 5 us (g, more than o): the last starts at o + 6 * 5 us; the
+    # links are never the limit (4096 B take 0.33 us, less than g), so it lands alpha + S/B later
+    o = PRESETS["ethernet-100g"]["overhead"]
+    assert o < 5e-6
+    assert gap == pytest.approx((o + 6 * 5e-6 + 10e-6 + 4096 / 12.5e9) * 1e6, abs=0.005)
 
 
 @pytest.mark.parametrize("argv, words", [(["--gap", "-1"], "gap must be a non-negative number"),
@@ -194,3 +197,24 @@ def test_cli_unknown_model_is_refused(capsys):
     with pytest.raises(SystemExit) as info:
         main(["--model", "logp"])
     assert info.value.code == 2
+
+
+# ------------------------------------------------------------- the presets
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_states_loggp_figures_with_their_source(name):
+    """Issue 34, item 1: every preset (``local`` is calibrated, not a preset) states all four
+    LogGP figures, L (alpha; intra_alpha inside a node), o (overhead), g (gap; intra_gap
+    inside a node) and G (1 / bandwidth), and its ``source`` text names each."""
+    spec = validate(dict(PRESETS[name], name=name))
+    fields = ["alpha", "overhead", "gap", "bandwidth"]
+    if "intra_alpha" in spec:
+        fields += ["intra_alpha", "intra_gap", "intra_bandwidth"]
+    for field in fields:
+        value = spec.get(field)
+        assert isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, (name, field)
+    text = spec["source"]
+    for word in ("alpha", "overhead", "gap") + (("intra_gap",) if "intra_alpha" in spec else ()):
+        assert word in text, (name, word)
+    fabric = build(spec, 16 if spec["kind"] != "torus" else 64)
+    assert fabric.overhead == spec["overhead"] and fabric.gap == spec["gap"]

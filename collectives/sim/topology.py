@@ -42,7 +42,8 @@ class it crosses: through a switch that is two, up and down), in ``Result.link_b
 
 Every kind also has ``gamma`` (seconds per reduced byte). Optional figures describe the
 machine the ranks run on; all are 0 (or absent) by default, and the network presets leave
-them out (their ranks are GPUs, whose time goes to the network):
+them out but for ``overhead``, LogGP's o below (their ranks are GPUs, or CPUs whose only
+time counted is their messages'):
 
 * ``cores`` (how many cores the ranks share: None, a core each), ``wake`` (seconds of CPU
   a rank needs to wake up after waiting) and ``switch`` (seconds more when a core turns
@@ -87,6 +88,11 @@ rank to another, posted at once, takes o + L + max(m k G, (m - 1) max(o, g) + k 
 k / bandwidth, however many a rank has in flight (Hockney's model, and SimGrid's).
 
 Figures are per direction, in bytes/s and seconds. ``source`` says where they come from.
+Every preset of ``PRESETS`` states all four of LogGP's figures (``alpha``, ``overhead``,
+``gap`` and ``bandwidth``; ``intra_alpha``, ``intra_gap`` and ``intra_bandwidth`` inside a node
+too) and names each in its ``source``: a citation that a reader can check, or, where we found
+no published figure, our reasoned one, labelled as ours. ``local`` is calibrated on this
+machine instead (``python -m benchmarks.sim_calibrate``).
 """
 import bisect
 import re
@@ -102,56 +108,87 @@ GB = 1e9
 PRESETS = {
     "ethernet-100g": {
         "kind": "flat",
-        "alpha": 10e-6, "bandwidth": 12.5 * GB, "gamma": 0.9e-12,
-        "source": "100 Gb/s Ethernet line rate = 12.5 GB/s per direction; alpha 10 us: NCCL's "
-                  "modelled network latency for its Simple protocol (hwLat NET, Ring/Simple, "
-                  "9.6 us, NVIDIA/nccl src/graph/tuning.cc), rounded; gamma: an H100's reduction "
-                  "at HBM3 speed (3.35 TB/s, 3 bytes of memory traffic per reduced byte).",
+        "alpha": 10e-6, "overhead": 3e-6, "gap": 6.7e-9, "bandwidth": 12.5 * GB, "gamma": 0.9e-12,
+        "source": "100 Gb/s Ethernet line rate = 12.5 GB/s per direction (G = 0.08 ns/B); alpha (L) "
+                  "10 us: NCCL's modelled network latency for its Simple protocol (hwLat NET, "
+                  "Ring/Simple, 9.6 us, NVIDIA/nccl src/graph/tuning.cc), rounded; overhead (o) 3 us: "
+                  "NCCL's modelled network post overhead, the CPU proxy thread's time to post one "
+                  "network operation (getNetOverhead, same file, since NCCL 2.18.1: 1 us on an Intel "
+                  "or unknown x86 host, 2 us on AMD x86), times 3 for the Simple protocol as NCCL "
+                  "charges it; NCCL overlaps it with the step's latency (max), LogGP adds it at both "
+                  "ends; gap (g) 6.7 ns: the most messages 100 Gb/s Ethernet can carry, one "
+                  "minimum-size frame each (64 B frame + 8 B preamble + 12 B inter-frame gap = 672 "
+                  "bits: 148.8 M frames/s, IEEE 802.3), a bound the NIC itself may not reach (o is "
+                  "the larger limit here); gamma: an H100's reduction at HBM3 speed (3.35 TB/s, 3 "
+                  "bytes of memory traffic per reduced byte).",
     },
     "h100-cluster": {
         "kind": "nodes", "ranks_per_node": 8, "nic": "rank",
         "intra_alpha": 1.9e-6, "intra_bandwidth": 450 * GB,
         "alpha": 4.0e-6, "bandwidth": 50 * GB, "gamma": 0.9e-12,
+        "overhead": 1e-6, "gap": 3e-9, "intra_gap": 0.0,
         "source": "NVIDIA DGX H100: 8 H100 SXM per node, NVLink 4 at 900 GB/s per GPU both "
                   "directions together (450 GB/s each way) through NVSwitch; one ConnectX-7 "
-                  "400 Gb/s NIC per GPU (50 GB/s each way). Latencies: NCCL's hwLat for Ring/LL128 "
-                  "(NVLink 1.9 us, network 4.0 us; NVIDIA/nccl src/graph/tuning.cc). gamma: HBM3 "
-                  "3.35 TB/s, 3 bytes of memory traffic per reduced byte.",
+                  "400 Gb/s NIC per GPU (50 GB/s each way); two Intel Xeon Platinum 8480C (DGX H100 "
+                  "datasheet). Latencies (L): NCCL's hwLat for Ring/LL128 (intra_alpha: NVLink 1.9 us, "
+                  "alpha: network 4.0 us; NVIDIA/nccl src/graph/tuning.cc). overhead (o) 1 us: a GPU rank's "
+                  "messages are posted by NCCL's CPU proxy thread, and o is its time per network "
+                  "operation, NCCL's modelled network post overhead (getNetOverhead, same file, since "
+                  "NCCL 2.18.1: 1 us on an Intel x86 host, LL128); NCCL overlaps it with the step's "
+                  "latency (max), LogGP adds it at both ends, and the simulator charges it to NVLink "
+                  "messages too, which NCCL's P2P transport moves from the GPU kernel without the "
+                  "proxy. gap (g) 3 ns: ConnectX-7's RDMA message rate, 330-370 million messages/s "
+                  "(NVIDIA ConnectX-7 NDR 400G InfiniBand adapter datasheet), the lower end; intra_gap "
+                  "0: no published figure; ours: over NVLink NCCL's kernels store into the peer's "
+                  "buffer, one channel per peer, with no per-message set-up to wait for. gamma: "
+                  "HBM3 3.35 TB/s, 3 bytes of memory traffic per reduced byte.",
     },
     "fat-tree": {
         "kind": "fat_tree", "ranks_per_leaf": 32, "oversubscription": 4,
-        "alpha": 10e-6, "bandwidth": 12.5 * GB, "gamma": 0.9e-12,
-        "source": "ethernet-100g's figures on a two-level fat tree: 32 ranks per leaf switch, "
-                  "uplinks oversubscribed 4:1 (a common cost-saving design).",
+        "alpha": 10e-6, "overhead": 3e-6, "gap": 6.7e-9, "bandwidth": 12.5 * GB, "gamma": 0.9e-12,
+        "source": "ethernet-100g's figures (alpha, overhead, gap, bandwidth and gamma, with their "
+                  "sources) on a two-level fat tree: 32 ranks per leaf switch, uplinks "
+                  "oversubscribed 4:1 (a common cost-saving design).",
     },
     "torus": {
         "kind": "torus", "dims": [8, 8],
         "alpha": 1.0e-6, "hop": 0.1e-6, "bandwidth": 6.8 * GB, "gamma": 0.9e-12,
+        "overhead": 0.25e-6, "gap": 0.25e-6,
         "source": "Fugaku's Tofu interconnect D (Ajima et al., 'The Tofu Interconnect D', IEEE "
-                  "Cluster 2018): 6.8 GB/s per link per direction; alpha 1 us and 0.1 us per hop "
+                  "Cluster 2018): 6.8 GB/s per link per direction; alpha (L) 1 us and 0.1 us per hop "
                   "are our round figures for an MPI message over it (the paper's one-way put "
-                  "latency is about 0.5 us), not measured. gamma as ethernet-100g. dims as given "
-                  "(torus-8x8, torus-4x4x4, ...), 8x8 by default.",
+                  "latency is about 0.5 us), not measured. overhead (o) 0.25 us and gap (g) 0.25 us: "
+                  "we found no published per-message CPU overhead or message rate for MPI on Tofu D; "
+                  "ours: o is half of what our 1 us leaves beyond the put's 0.5 us (the software at "
+                  "each end of a message), and g = o, taking the TNIs (six per node) to start "
+                  "messages at least as fast as one core posts them. gamma as ethernet-100g. dims "
+                  "as given (torus-8x8, torus-4x4x4, ...), 8x8 by default.",
     },
     "dragonfly": {
         "kind": "dragonfly", "groups": 4, "routers_per_group": 8, "ranks_per_router": 4,
         "alpha": 2.0e-6, "bandwidth": 25 * GB, "local_bandwidth": 25 * GB, "global_bandwidth": 25 * GB,
-        "gamma": 0.9e-12,
+        "gamma": 0.9e-12, "overhead": 0.25e-6, "gap": 0.25e-6,
         "source": "HPE Slingshot (LUMI's network, on which the Bine paper measured): 200 Gb/s "
                   "per port = 25 GB/s per direction for terminal, local and global links "
                   "(De Sensi et al., 'An In-Depth Analysis of the Slingshot Interconnect', SC'20). "
                   "4 groups of 8 routers of 4 ranks (128 ranks at most) and one global link per "
-                  "pair of groups are a small instance, not LUMI's size; alpha 2 us is our round "
-                  "figure, not measured.",
+                  "pair of groups are a small instance, not LUMI's size; alpha (L) 2 us is our round "
+                  "figure, not measured. overhead (o) 0.25 us and gap (g) 0.25 us: we found no "
+                  "published per-message CPU overhead or message rate for Slingshot's Cassini NIC; "
+                  "ours, as for torus: o the software at one end of an MPI message (Cassini matches "
+                  "MPI tags in the NIC, so posting is a command to it), g = o, the NIC taken to start "
+                  "messages at least as fast as one core posts them. gamma as ethernet-100g.",
     },
     "h100-rail": {
         "kind": "rail", "ranks_per_node": 8, "nodes_per_rail": 32, "spine_oversubscription": 1,
         "intra_alpha": 1.9e-6, "intra_bandwidth": 450 * GB,
         "alpha": 4.0e-6, "bandwidth": 50 * GB, "gamma": 0.9e-12,
-        "source": "h100-cluster's figures (DGX H100, NCCL's latencies) wired as NVIDIA's DGX "
-                  "SuperPOD reference architecture: each of a node's 8 ConnectX-7 NICs (400 Gb/s, "
-                  "50 GB/s each way) on its own rail switch, 32 nodes per rail switch, rails "
-                  "joined by a non-blocking spine.",
+        "overhead": 1e-6, "gap": 3e-9, "intra_gap": 0.0,
+        "source": "h100-cluster's figures (DGX H100; NCCL's latencies alpha and intra_alpha and its "
+                  "network post overhead, ConnectX-7's message rate as gap, intra_gap 0, with their "
+                  "sources) wired as NVIDIA's DGX SuperPOD reference architecture: each of a node's 8 "
+                  "ConnectX-7 NICs (400 Gb/s, 50 GB/s each way) on its own rail switch, 32 nodes per "
+                  "rail switch, rails joined by a non-blocking spine.",
     },
 }
 
