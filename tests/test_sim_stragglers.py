@@ -1,10 +1,11 @@
 """Stragglers, late ranks, jitter and progress in the simulator (``collectives/sim/world.py``,
 ``collectives/sim/cli.py``).
 
-The closed forms use the ``ethernet-100g`` preset's own figures (alpha, bandwidth, gamma) on
-2 ranks, where recursive doubling is one message each way and one reduction: a rank of
-factor F makes its message's latency F alpha and its reduction F gamma S, a late rank adds its
-delay, and jitter adds the larger of the two messages' draws, which the test draws itself
+The closed forms use the ``ethernet-100g`` preset's own figures (alpha, overhead, bandwidth,
+gamma) on 2 ranks, where recursive doubling is one message each way and one reduction: each
+rank posts its send and its receive at once, o each, so a message starts 2 o after the call;
+a rank of factor F makes that 2 F o, its message's latency F alpha and its reduction F gamma S,
+a late rank adds its delay, and jitter adds the larger of the two messages' draws, which the test draws itself
 from the same ``random.Random(seed)``.
 """
 import io
@@ -22,6 +23,7 @@ from collectives.sim import cli
 S = 4096
 PRESET = topology.load("ethernet-100g")
 ALPHA, BETA, GAMMA = PRESET["alpha"], 1 / PRESET["bandwidth"], PRESET["gamma"]
+POST = 2 * PRESET["overhead"]          # a rank's two ends (send, receive) posted, o each
 
 
 def times(result):
@@ -41,15 +43,15 @@ def test_factor_one_delay_zero_and_jitter_zero_change_nothing(algorithm, n):
 @pytest.mark.parametrize("slow", [0, 1])
 def test_a_slow_rank_on_two_ranks_costs_its_factor_of_latency_and_reduction(slow, factor):
     t = simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g", stragglers={slow: factor}).time
-    assert t == pytest.approx(max(factor, 1) * ALPHA + S * BETA + max(factor, 1) * GAMMA * S, rel=1e-12)
+    assert t == pytest.approx(max(factor, 1) * (POST + ALPHA) + S * BETA + max(factor, 1) * GAMMA * S, rel=1e-12)
     assert simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g").time == \
-        pytest.approx(ALPHA + S * BETA + GAMMA * S, rel=1e-12)
+        pytest.approx(POST + ALPHA + S * BETA + GAMMA * S, rel=1e-12)
 
 
 def test_a_late_rank_delays_the_call_by_its_delay_every_call():
     d = 7e-6
     one = simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g", delays={1: d})
-    assert one.time == pytest.approx(d + ALPHA + S * BETA + GAMMA * S, rel=1e-12)
+    assert one.time == pytest.approx(d + POST + ALPHA + S * BETA + GAMMA * S, rel=1e-12)
     # time is per call: each of 3 calls waits d for the late rank
     three = simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g", delays={1: d}, calls=3)
     assert three.time == pytest.approx(one.time, rel=1e-12)
@@ -61,7 +63,7 @@ def test_jitter_is_each_messages_exponential_draw_from_the_seed():
         rng = random.Random(seed)
         x = [rng.expovariate(1 / j) for _ in range(2)]          # one per message, as they meet
         t = simulate("all_reduce", "recursive_doubling", 2, S, "ethernet-100g", jitter=j, seed=seed).time
-        assert t == pytest.approx(ALPHA + max(x) + S * BETA + GAMMA * S, rel=1e-12)
+        assert t == pytest.approx(POST + ALPHA + max(x) + S * BETA + GAMMA * S, rel=1e-12)
 
 
 def test_the_same_seed_gives_the_same_times_and_another_seed_others():
@@ -211,7 +213,8 @@ def test_a_slow_link_divides_the_bandwidth_of_a_message_and_not_its_latency(pres
     spec = topology.load(preset)
     alpha = sum(spec[k] for k in latency.split("+"))
     t = simulate("all_reduce", swap, 2, S, preset, slow_links={slow: factor}).time
-    assert t == pytest.approx(alpha + S * factor / spec[bandwidth], rel=1e-12)
+    # each rank posts its send and its receive, o each: the message starts 2 o after the call
+    assert t == pytest.approx(2 * spec["overhead"] + alpha + S * factor / spec[bandwidth], rel=1e-12)
 
 
 @pytest.mark.parametrize("algorithm, n, preset", [("ring", 5, "h100-cluster"), ("tree", 7, "fat-tree"),
@@ -226,13 +229,14 @@ def test_a_slow_link_of_factor_one_changes_nothing(algorithm, n, preset):
 
 def test_a_slow_link_slows_bytes_where_a_straggler_slows_messages():
     """At 4 KiB a ring's time is its 2(N-1) latencies: a straggler of factor 4 on one rank
-    multiplies them, a NIC 4x slower hardly shows; at 16 MiB it is the bytes, the other way round."""
+    multiplies them, a NIC 4x slower hardly shows; at 16 MiB it is the bytes, the other way round
+    (the straggler still multiplies its o, 3 us a message on this preset: 1.28x, the NIC 3.7x)."""
     n, f = 8, 4.0
     base = {s: simulate("all_reduce", "ring", n, s, "ethernet-100g").time for s in (S, 16 << 20)}
     nic = {s: simulate("all_reduce", "ring", n, s, "ethernet-100g", slow_links={3: f}).time for s in base}
     host = {s: simulate("all_reduce", "ring", n, s, "ethernet-100g", stragglers={3: f}).time for s in base}
     assert nic[S] / base[S] < 1.2 < 2 < host[S] / base[S]
-    assert host[16 << 20] / base[16 << 20] < 1.2 < 2 < nic[16 << 20] / base[16 << 20]
+    assert host[16 << 20] / base[16 << 20] < 1.5 < 2 < nic[16 << 20] / base[16 << 20]
 
 
 @pytest.mark.parametrize("kw, match", [
