@@ -86,8 +86,26 @@ def test_intra_gap_applies_inside_a_node_only():
     assert inside == pytest.approx(loggp_train(4, K, 1e-6, 0.0, 0.5e-6, 1 / B), rel=1e-12)
 
 
+def test_intra_overhead_applies_inside_a_node_only():
+    """NCCL posts a network message from its CPU proxy (o) and an NVLink one from the GPU kernel:
+    ``intra_overhead`` is o for a message inside a node, ``overhead`` stays o between nodes."""
+    spec = {"kind": "nodes", "ranks_per_node": 2, "nic": "rank", "intra_alpha": 1e-6, "intra_bandwidth": B,
+            "alpha": 4e-6, "bandwidth": B, "gamma": 0.0, "gap": 9e-6, "intra_gap": 0.5e-6,
+            "overhead": 3e-6, "intra_overhead": 0.0}
+    fabric = build(validate(spec), 4)
+    assert fabric.overhead_of(0, 1) == 0.0 and fabric.overhead_of(0, 2) == 3e-6
+    inside = simulate("all_reduce", train(4), 2, 4 * K, spec, check=False).time
+    assert inside == pytest.approx(loggp_train(4, K, 1e-6, 0.0, 0.5e-6, 1 / B), rel=1e-12)
+    without = dict(spec)
+    del without["intra_overhead"]
+    assert simulate("all_reduce", train(4), 2, 4 * K, without, check=False).time > inside
+    ab = simulate("all_reduce", train(4), 2, 4 * K, dict(spec, model="alpha-beta"), check=False).time
+    assert build(validate(dict(spec, model="alpha-beta")), 4).intra_overhead is None and ab <= inside
+
+
 @pytest.mark.parametrize("change, message", [
     ({"gap": -1e-6}, "gap must be a non-negative number"),
+    ({"intra_overhead": 1e-6}, "intra_overhead is for a topology with nodes"),
     ({"gap": "x"}, "gap must be"),
     ({"intra_gap": 1e-6}, "intra_gap is for a topology with nodes"),
     ({"model": "logp"}, "model must be one of loggp, alpha-beta"),
@@ -214,7 +232,8 @@ def test_every_preset_states_loggp_figures_with_their_source(name):
         value = spec.get(field)
         assert isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, (name, field)
     text = spec["source"]
-    for word in ("alpha", "overhead", "gap") + (("intra_gap",) if "intra_alpha" in spec else ()):
+    for word in ("alpha", "overhead", "gap") + (("intra_gap",) if "intra_alpha" in spec else ()) \
+            + (("intra_overhead",) if "intra_overhead" in spec else ()):
         assert word in text, (name, word)
     fabric = build(spec, 16 if spec["kind"] != "torus" else 64)
     assert fabric.overhead == spec["overhead"] and fabric.gap == spec["gap"]

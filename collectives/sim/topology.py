@@ -73,8 +73,8 @@ LogP Model', SPAA'95), with its four figures named as follows:
 * L, the latency, is ``alpha`` (``intra_alpha`` inside a node; on a torus plus ``hop`` per
   link): the time from a message's start to its first byte's arrival. Messages in flight
   overlap their latencies;
-* o, the overhead, is ``overhead``: CPU a rank spends on each message it posts (send or
-  receive), one after another: the i-th message of a post starts no earlier than i x o after
+* o, the overhead, is ``overhead`` (``intra_overhead`` inside a node, where given): CPU a
+  rank spends on each message it posts (send or receive), one after another: the i-th message of a post starts no earlier than i x o after
   the post (the rank itself is busy until all are posted);
 * g, the gap, is ``gap`` (``intra_gap`` inside a node): the least time between the starts of
   two messages out of one rank, or into one rank (its NIC sets one up at a time). Absent, it
@@ -89,8 +89,8 @@ k / bandwidth, however many a rank has in flight (Hockney's model, and SimGrid's
 
 Figures are per direction, in bytes/s and seconds. ``source`` says where they come from.
 Every preset of ``PRESETS`` states all four of LogGP's figures (``alpha``, ``overhead``,
-``gap`` and ``bandwidth``; ``intra_alpha``, ``intra_gap`` and ``intra_bandwidth`` inside a node
-too) and names each in its ``source``: a citation that a reader can check, or, where we found
+``gap`` and ``bandwidth``; ``intra_alpha``, ``intra_overhead``, ``intra_gap`` and
+``intra_bandwidth`` inside a node too) and names each in its ``source``: a citation that a reader can check, or, where we found
 no published figure, our reasoned one, labelled as ours. ``local`` is calibrated on this
 machine instead (``python -m benchmarks.sim_calibrate``).
 """
@@ -126,7 +126,7 @@ PRESETS = {
         "kind": "nodes", "ranks_per_node": 8, "nic": "rank",
         "intra_alpha": 1.9e-6, "intra_bandwidth": 450 * GB,
         "alpha": 4.0e-6, "bandwidth": 50 * GB, "gamma": 0.9e-12,
-        "overhead": 1e-6, "gap": 3e-9, "intra_gap": 0.0,
+        "overhead": 1e-6, "gap": 3e-9, "intra_gap": 0.0, "intra_overhead": 0.0,
         "source": "NVIDIA DGX H100: 8 H100 SXM per node, NVLink 4 at 900 GB/s per GPU both "
                   "directions together (450 GB/s each way) through NVSwitch; one ConnectX-7 "
                   "400 Gb/s NIC per GPU (50 GB/s each way); two Intel Xeon Platinum 8480C (DGX H100 "
@@ -135,9 +135,9 @@ PRESETS = {
                   "messages are posted by NCCL's CPU proxy thread, and o is its time per network "
                   "operation, NCCL's modelled network post overhead (getNetOverhead, same file, since "
                   "NCCL 2.18.1: 1 us on an Intel x86 host, LL128); NCCL overlaps it with the step's "
-                  "latency (max), LogGP adds it at both ends, and the simulator charges it to NVLink "
-                  "messages too, which NCCL's P2P transport moves from the GPU kernel without the "
-                  "proxy. gap (g) 3 ns: ConnectX-7's RDMA message rate, 330-370 million messages/s "
+                  "latency (max), LogGP adds it at both ends; intra_overhead 0: NVLink messages "
+                  "are moved by NCCL's P2P transport from the GPU kernel, with no proxy to post them "
+                  "(NCCL's getNetOverhead applies to network steps only). gap (g) 3 ns: ConnectX-7's RDMA message rate, 330-370 million messages/s "
                   "(NVIDIA ConnectX-7 NDR 400G InfiniBand adapter datasheet), the lower end; intra_gap "
                   "0: no published figure; ours: over NVLink NCCL's kernels store into the peer's "
                   "buffer, one channel per peer, with no per-message set-up to wait for. gamma: "
@@ -183,9 +183,9 @@ PRESETS = {
         "kind": "rail", "ranks_per_node": 8, "nodes_per_rail": 32, "spine_oversubscription": 1,
         "intra_alpha": 1.9e-6, "intra_bandwidth": 450 * GB,
         "alpha": 4.0e-6, "bandwidth": 50 * GB, "gamma": 0.9e-12,
-        "overhead": 1e-6, "gap": 3e-9, "intra_gap": 0.0,
+        "overhead": 1e-6, "gap": 3e-9, "intra_gap": 0.0, "intra_overhead": 0.0,
         "source": "h100-cluster's figures (DGX H100; NCCL's latencies alpha and intra_alpha and its "
-                  "network post overhead, ConnectX-7's message rate as gap, intra_gap 0, with their "
+                  "network post overhead, intra_overhead 0 (no proxy over NVLink), ConnectX-7's message rate as gap, intra_gap 0, with their "
                   "sources) wired as NVIDIA's DGX SuperPOD reference architecture: each of a node's 8 "
                   "ConnectX-7 NICs (400 Gb/s, 50 GB/s each way) on its own rail switch, 32 nodes per "
                   "rail switch, rails joined by a non-blocking spine.",
@@ -209,8 +209,9 @@ POSITIVE = ("bandwidth", "intra_bandwidth", "oversubscription", "local_bandwidth
 CPU = ("wake", "switch", "call", "python", "overhead")      # a rank's CPU time (Fabric's fields)
 MACHINE = CPU + ("copy", "alloc", "host_bandwidth")
 GAPS = ("gap", "intra_gap")                                  # LogGP's g (absent: alpha)
+INTRA_OVERHEAD = "intra_overhead"                             # LogGP's o inside a node (absent: overhead)
 MODELS = ("loggp", "alpha-beta")
-OPTIONAL = ("cores", "by_size", "source", "name", "calibrated", "model") + MACHINE + GAPS
+OPTIONAL = ("cores", "by_size", "source", "name", "calibrated", "model") + MACHINE + GAPS + (INTRA_OVERHEAD,)
 
 
 def calibration_path():
@@ -339,6 +340,12 @@ def validate(spec):
             raise ValueError(f"{where}: {field} must be a non-negative number or null, got {value!r}")
     if spec.get("intra_gap") is not None and kind not in ("nodes", "rail"):
         raise ValueError(f"{where}: intra_gap is for a topology with nodes (nodes, rail); give gap")
+    value = spec.get(INTRA_OVERHEAD)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
+                              or value == math.inf):
+        raise ValueError(f"{where}: {INTRA_OVERHEAD} must be a non-negative number or null, got {value!r}")
+    if value is not None and kind not in ("nodes", "rail"):
+        raise ValueError(f"{where}: {INTRA_OVERHEAD} is for a topology with nodes (nodes, rail); give overhead")
     if spec.get("model", "loggp") not in MODELS:
         raise ValueError(f"{where}: model must be one of {', '.join(MODELS)}, got {spec.get('model')!r}")
     if spec.get("host_bandwidth") is not None and kind != "flat":
@@ -398,6 +405,17 @@ class Fabric:
     classes: list = None          # per link id: the name of its class (``link_classes``)
     gap: float = None             # LogGP's g between nodes (None: a message's alpha)
     intra_gap: float = None       # and inside a node
+    intra_overhead: float = None  # LogGP's o for a message inside a node (None: ``overhead``)
+
+    def overhead_of(self, src, dst):
+        """o of a message between ``src`` and ``dst``: ``intra_overhead`` inside a node where
+        given (NCCL moves NVLink messages from the GPU kernel, with no proxy to post them),
+        else ``overhead``."""
+        if self.intra_overhead is not None:
+            per = self.spec["ranks_per_node"]
+            if src // per == dst // per:
+                return self.intra_overhead
+        return self.overhead
 
     def gap_of(self, src, dst, alpha):
         """g of a message from ``src`` to ``dst`` whose latency is ``alpha``: the least time
@@ -563,11 +581,13 @@ def build(spec, n):
         classes = ["intra_node"] * (2 * n) + ["rail"] * (2 * n) + ["spine"] * (2 * per * units)
     cpu = {field: float(spec.get(field) or 0.0) for field in CPU}
     gaps = {field: (None if spec.get(field) is None else float(spec[field])) for field in GAPS}
+    intra_overhead = None if spec.get(INTRA_OVERHEAD) is None else float(spec[INTRA_OVERHEAD])
     if spec.get("model") == "alpha-beta":
-        cpu["overhead"], gaps = 0.0, dict.fromkeys(GAPS, 0.0)
+        cpu["overhead"], gaps, intra_overhead = 0.0, dict.fromkeys(GAPS, 0.0), None
     tables = spec.get("by_size") or {}
     rates = {f"{field}_at": rate_at(tables.get(field), float(spec.get(field) or 0.0)) for field in BY_SIZE}
-    return Fabric(spec, n, capacity, spec.get("cores"), **cpu, **rates, classes=classes, **gaps)
+    return Fabric(spec, n, capacity, spec.get("cores"), **cpu, **rates, classes=classes, **gaps,
+                  intra_overhead=intra_overhead)
 
 
 def describe(spec):
@@ -608,6 +628,8 @@ def describe(spec):
                 text += f", {field} {spec[field] * 1e6:.3g} us"
     if spec.get("overhead") and spec.get("model") != "alpha-beta":
         text += f", {spec['overhead'] * 1e6:.3g} us of CPU per message"
+        if spec.get(INTRA_OVERHEAD) is not None:
+            text += f" ({spec[INTRA_OVERHEAD] * 1e6:.3g} us inside a node)"
     if spec.get("call"):
         text += f", {spec['call'] * 1e6:.3g} us of CPU per call"
     if spec.get("copy") or spec.get("alloc"):

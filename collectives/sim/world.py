@@ -346,24 +346,30 @@ class World:
         messages = each_message(collective, algorithm, step, sends, recvs)
         now, unmatched = self.now, self.unmatched
         o, r = self.fabric.overhead, self.ranks[rank]
-        if self.slow is not None:
-            o *= self.slow[rank]
-            r.debt *= self.slow[rank]
+        slow = 1.0 if self.slow is None else self.slow[rank]
+        o *= slow
+        r.debt *= slow
+        # o per message where it depends on the peer (a node's own messages: intra_overhead)
+        per_peer = None
         done = None
-        if o or r.debt:
+        if o or r.debt or self.fabric.intra_overhead is not None:
             # posting costs the rank CPU (the door's checks, the transport's set-up), per
             # message, one after another, after the local work it did since its last message:
-            # the i-th message is out at ``done - (m - i) o``, and the rank is busy until ``done``
+            # the i-th message is out at ``done - (o_i + ... + o_m)``, the rank busy until ``done``
             messages = list(messages)
-            seconds, r.debt = r.debt + o * len(messages), 0.0
+            if self.fabric.intra_overhead is not None:
+                per_peer = [self.fabric.overhead_of(rank, peer) * slow if peer.__class__ is int else o
+                            for _, _, peer, _ in messages]
+            posting = sum(per_peer) if per_peer is not None else o * len(messages)
+            seconds, r.debt = r.debt + posting, 0.0
             done = self._cpu(now, seconds, rank) if seconds > 0 or self.core_free is not None else now
-            now = done - o * len(messages)
+            now = done - posting
         ends = []
-        for kind, tensor, peer, nbytes in messages:
+        for i, (kind, tensor, peer, nbytes) in enumerate(messages):
             if peer.__class__ is not int or not 0 <= peer < n or peer == rank:
                 raise ValueError(f"collectives.{collective}/{algorithm}: rank {rank} step {step}: "
                                  f"{kind} peer {peer!r} is not another rank of 0..{n - 1}")
-            now += o
+            now += o if per_peer is None else per_peer[i]
             end = End(kind, rank, peer, step, nbytes, tensor, now, collective, algorithm)
             ends.append(end)
             key = (rank, peer, step, nbytes) if kind == "send" else (peer, rank, step, nbytes)
