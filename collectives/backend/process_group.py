@@ -12,7 +12,7 @@ from torch._C._distributed_c10d import Work as _C10dWork
 
 from .. import api, observers, reduce_ops, settings, tensor_api
 from ..call import check_tensor
-from ..engine import engine, wait_for
+from ..engine import bounded, engine, wait_for
 from ..errors import UnsupportedOperation
 from ..group import GroupInfo
 from ..p2p_communications import Comm
@@ -58,16 +58,28 @@ class BackendWork(_C10dWork):
     future) but its ``wait()`` returns normally when the future holds an error,
     so a timed-out ``dist.all_reduce`` would look like a success. torch calls
     ``wait`` and ``get_future`` on a Python subclass (its C++ side forwards both).
+
+    ``works``: our API's handles behind it. torch never says whether its caller blocks
+    (``dist.all_reduce`` issues the call, then waits on it at once), so every call reaches
+    our API as an async one and is queued; ``wait`` claims each of them, in order, and so
+    runs them on the waiting thread when their lane is free (``collectives.engine``): no
+    hop to the lane's thread and back. The future is completed as before, by their
+    futures' callbacks, whoever runs them.
     """
 
-    def __init__(self, future, description):
+    def __init__(self, future, description, works=()):
         super().__init__()
         self._future, self._description = future, description
+        self._works = [w for w in works if w is not None]
         self._done = threading.Event()
         future.add_done_callback(lambda _: self._done.set())
 
     def wait(self, timeout=None):
-        """Block until done and raise its error; ``timeout`` (a timedelta or seconds) bounds the wait."""
+        """Block until done and raise its error; ``timeout`` (a timedelta or seconds) bounds the wait
+        (a bounded wait claims nothing, as our own handles' ``wait`` does)."""
+        if not bounded(timeout):
+            for work in self._works:
+                work.claim()
         wait_for(self._done, timeout, f"collectives backend: {self._description}")
         self._future.wait()          # raises the collective's error, if any
         return True
@@ -321,7 +333,7 @@ class CollectivesBackend:
             done.set_result(outputs)
         for fut in futures:
             fut.add_done_callback(finished)
-        return BackendWork(done, op)
+        return BackendWork(done, op, works)
 
     # -- the collectives (each one a call of our public API on the inner transport) ------
 
