@@ -224,15 +224,16 @@ def claim_world(rank, n):
     out["order"] = orders
 
     # 4. a future's callback issuing a blocking collective on the same group does not hang,
-    #    whether the waiter or the lane's thread finishes the first call
-    for case in range(2):
+    #    whether the waiter or the lane's thread finishes the first call (case 2: each rank
+    #    its own way), and runs after the call issued before it on every rank
+    for case in range(3):
         z = torch.ones(1)
         w = torch.ones(1)
         h = dist.all_reduce(z, group=g, async_op=True)
         f = h.get_future().then(lambda _: (dist.all_reduce(w, group=g), w.item())[1])
         h2 = collectives.all_reduce(torch.ones(1), group=g, async_op=True)
         f2 = h2.get_future().then(lambda _: collectives.all_reduce(torch.ones(1), group=g))
-        if case:
+        if case == 1 or case == 2 and rank % 2:
             time.sleep(0.2)
         h.wait()
         h2.wait()
@@ -254,5 +255,5 @@ def test_wait_claims_a_queued_call_and_keeps_issue_order(n):
         assert out["async_values"] == (float(sum(range(n))), float((rank - 1) % n))
         assert out["async_on_caller"][0] == 0, "nobody waited: the lane's threads ran them"
         assert out["order"] == [(s ** n, float(n * (n - 1)), [s ** n] * n)] * 4, (rank, out["order"])
-        for case in range(2):
+        for case in range(3):
             assert out[f"callback{case}"] == (float(n), float(n), True)
