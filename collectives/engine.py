@@ -170,9 +170,14 @@ class _Lane:
         # that reuses the key (destroy_process_group, then init_process_group again)
         self.owner = None if owner is None else weakref.ref(owner, on_collected)
         self.run_lock = threading.Lock()    # held while one of this group's collectives runs
-        # guards everything below; notified when a job is queued, when one stops running
-        # while others are queued, and when one finishes (drain)
-        self.state = threading.Condition()
+        # guards everything below; notified when a call finishes (drain waits on it)
+        lock = threading.RLock()
+        self.state = threading.Condition(lock)
+        # the same lock, notified only when the lane's thread may have a job to start (one is
+        # queued with nothing running, or the lane retires): apart from ``state``, so that
+        # a call run by its caller never wakes the lane's thread for nothing, which costs
+        # as much as the call's own thread hand-offs did
+        self.ready = threading.Condition(lock)
         self.pending = 0                    # issued and not yet finished
         self.running = 0                    # started and not yet returned (inside run_lock or waiting for it)
         self.seq = 0                        # calls issued on this group so far
@@ -187,7 +192,7 @@ class _Lane:
     def loop(self):
         while True:
             with self.state:
-                self.state.wait_for(lambda: (self.jobs and not self.running) or
+                self.ready.wait_for(lambda: (self.jobs and not self.running) or
                                     (self.retired and not self.jobs))
                 if not self.jobs:   # retired (the group was destroyed) and nothing left: the thread ends
                     return
@@ -224,7 +229,7 @@ class _Lane:
             with self.state:
                 self.helping += 1
                 try:    # running may be a waiter's claim: it notifies when it stops
-                    self.state.wait_for(lambda: job.taken or (self.jobs and not self.running))
+                    self.ready.wait_for(lambda: job.taken or (self.jobs and not self.running))
                 finally:
                     self.helping -= 1
                 if job.taken:
@@ -258,7 +263,7 @@ class _Lane:
         with self.state:
             self.running -= 1
             if self.jobs or self.helping:
-                self.state.notify_all()
+                self.ready.notify_all()
 
     def done_one(self):
         with self.state:
@@ -276,7 +281,7 @@ class _Lane:
         """End the thread once the work queued before this has started (it is never reused)."""
         with self.state:
             self.retired = True
-            self.state.notify_all()
+            self.ready.notify_all()
 
 
 class Engine:
@@ -354,7 +359,8 @@ class Engine:
                                                    name=f"collectives-comm[{key or 'world'}]")
                     lane.thread.start()
                     started = True
-                lane.state.notify_all()
+                if not lane.running:    # else the running call's end notifies
+                    lane.ready.notify_all()
         if started:
             self._register_exit_hook()
         if inline:
