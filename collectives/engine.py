@@ -10,34 +10,16 @@ torch completes that. So each group gets its own lane: a FIFO queue and a
 thread. A blocking call runs inline in the caller when its lane is idle (no
 thread hop on the fast path) and otherwise queues behind the earlier work.
 
-An async call that is waited for before the lane's thread has started it is
-*claimed*: ``wait()`` runs it on the waiting thread, if it is the oldest call
-of its lane not yet started and nothing of the lane is running (so calls still
-start in issue order, one at a time). Without it, ``h = all_reduce(x,
-async_op=True); h.wait()`` paid two thread hand-offs (the lane's thread runs
-the call, then wakes the waiter), each of which may wait for a core and the
-GIL when ranks share few cores: 1.12-1.22x a blocking call (4-byte all_reduce,
-2 ranks on 2 shared cores, interleaved runs), and 0.85-1.03x with the claim.
-The lane's thread is still woken for every queued call (nobody may ever wait
-for it), and sometimes starts the call before its waiter can claim it (about a
-fifth of the time in those runs), so a call known to be waited at once is best
-issued blocking: the torch backend does so, from torch's ``opts.asyncOp``
-(with the claim alone a blocking ``dist.all_reduce`` stayed at 1.3-1.75x our
-blocking call in the same runs; issued blocking, 1.06-1.21x).
-
 Each lane also numbers its calls (0, 1, 2, ...): the door puts that number in
 every message's tag, so a message of call 5 can never complete a receive of
 call 6 (``p2p_communications``).
 
 Two situations that hang a naive engine are handled here:
 
-* a callback on ``work.get_future().then(cb)`` runs on whichever thread ran
-  the work (the lane's, or a waiter's that claimed it), after the work has left
-  the lane free; if it issues a collective on the same group and waits for it,
-  it does not wait for itself: on a waiter's thread the call is claimed or run
-  by the lane's thread as any other; on the lane's thread, which nobody else
-  would come to relieve, the call runs right there, after any calls queued
-  before it (in issue order, as every rank must run them);
+* a callback on ``work.get_future().then(cb)`` runs on the lane's thread when
+  the work finishes; if it issues a blocking collective on the same group, that
+  call runs inline right there (the lane is between jobs), instead of queueing
+  behind itself forever;
 * the program exits (or destroys the process group) with async work nobody
   waited for: at exit the lanes are drained first, with one warning, so no
   thread is inside the transport while the interpreter tears it down.
@@ -46,8 +28,8 @@ The heavy parts of a collective (socket I/O, ``torch.add`` on large buffers)
 release the GIL, so the caller's computation really overlaps.
 """
 import atexit
-import collections
 import datetime
+import queue
 import sys
 import threading
 import weakref
@@ -63,13 +45,6 @@ def wait_for(done, timeout, description):
         timeout = timeout.total_seconds()
     if not done.wait(timeout if timeout and timeout > 0 else None):
         raise TimeoutError(f"{description} did not finish within {timeout:g} s (wait(timeout=...))")
-
-
-def bounded(timeout):
-    """Whether ``timeout`` (as :func:`wait_for` takes it) bounds a wait."""
-    if isinstance(timeout, datetime.timedelta):
-        timeout = timeout.total_seconds()
-    return bool(timeout and timeout > 0)
 
 
 class Work:
@@ -88,16 +63,9 @@ class Work:
         self._result = None
         self._futures = []
         self._lock = threading.Lock()
-        self._job = None        # while queued and not started: what claim() may run here
 
     def wait(self, timeout=None):
-        """Block until done; ``timeout`` (seconds or a timedelta) bounds the wait.
-
-        An unbounded wait first claims the call (runs it on this thread) if it is next on
-        its lane; a bounded one never does, as a claimed call runs to its end (or to the
-        group's timeout), which may be later than ``timeout``."""
-        if not bounded(timeout):
-            self.claim()
+        """Block until done; ``timeout`` (seconds or a timedelta) bounds the wait."""
         wait_for(self._done, timeout, self.description)
         if self._error is not None:
             raise self._error
@@ -111,13 +79,6 @@ class Work:
 
     def exception(self):
         return self._error
-
-    def claim(self):
-        """Run the call on this thread now, if it is queued, not started, and next on its lane
-        with nothing of the lane running; True if it ran here. (The torch backend's handle
-        calls this from its own ``wait``.)"""
-        job = self._job
-        return job is not None and job.lane.claim(job)
 
     def result(self):
         """The output tensors (a list), as ``get_future().value()`` gives them."""
@@ -152,15 +113,6 @@ class Work:
         return f"<collectives.Work {self.description} {state}>"
 
 
-class _Job:
-    """One queued call: ``fn(seq)``, and the handle it finishes."""
-    __slots__ = ("lane", "fn", "seq", "work", "taken")
-
-    def __init__(self, lane, fn, seq, work):
-        self.lane, self.fn, self.seq, self.work = lane, fn, seq, work
-        self.taken = False      # started, by the lane's thread or a waiter (set under lane.state)
-
-
 class _Lane:
     """The queue, the thread and the call counter of one group."""
 
@@ -170,100 +122,32 @@ class _Lane:
         # that reuses the key (destroy_process_group, then init_process_group again)
         self.owner = None if owner is None else weakref.ref(owner, on_collected)
         self.run_lock = threading.Lock()    # held while one of this group's collectives runs
-        # guards everything below; notified when a call finishes (drain waits on it)
-        lock = threading.RLock()
-        self.state = threading.Condition(lock)
-        # the same lock, notified only when the lane's thread may have a job to start (one is
-        # queued with nothing running, or the lane retires): apart from ``state``, so that
-        # a call run by its caller never wakes the lane's thread for nothing, which costs
-        # as much as the call's own thread hand-offs did
-        self.ready = threading.Condition(lock)
+        self.state = threading.Condition()
         self.pending = 0                    # issued and not yet finished
-        self.running = 0                    # started and not yet returned (inside run_lock or waiting for it)
         self.seq = 0                        # calls issued on this group so far
-        self.helping = 0                    # 0 or 1: the lane's thread, waiting in claim()
-        # Queued and not started, in seq order. Whoever starts a job (this lane's thread or a
-        # claiming waiter) pops it here, under ``state``, and counts it in ``running`` in the
-        # same step: a job is never started twice, and jobs start in seq order.
-        self.jobs = collections.deque()
-        self.retired = False
+        self.queue = queue.SimpleQueue()
         self.thread = None
 
     def loop(self):
         while True:
-            with self.state:
-                self.ready.wait_for(lambda: (self.jobs and not self.running) or
-                                    (self.retired and not self.jobs))
-                if not self.jobs:   # retired (the group was destroyed) and nothing left: the thread ends
-                    return
-                job = self.take()
-            self.run(job)
-            # Drop the job while idle: its closure holds the process group, and a group kept
-            # alive here past destroy_process_group() is torn down at interpreter exit with
-            # gloo's threads still running (SIGABRT).
-            job = None
-
-    def take(self):
-        """Pop the next job and count it running; the caller holds ``state``."""
-        self.running += 1
-        job = self.jobs.popleft()
-        job.taken = True
-        return job
-
-    def claim(self, job):
-        """Run ``job`` on the calling thread if it is next and nothing of this lane runs; True
-        if it ran here. Issue order is kept: the lane's thread would have started it next
-        anyway. (A thread inside one of this lane's jobs never finds ``running`` at 0.)
-
-        The lane's own thread gets here only from a future's callback (between two jobs),
-        waiting for a call of this group. It must not wait for itself, so it runs the jobs
-        queued before ``job`` and then ``job``, in order, as its loop would have."""
-        if threading.current_thread() is not self.thread:
-            with self.state:
-                if job.taken or self.running or self.jobs[0] is not job:
-                    return False
-                self.take()
-            self.run(job)
-            return True
-        while True:
-            with self.state:
-                self.helping += 1
-                try:    # running may be a waiter's claim: it notifies when it stops
-                    self.ready.wait_for(lambda: job.taken or (self.jobs and not self.running))
-                finally:
-                    self.helping -= 1
-                if job.taken:
-                    return False
-                head = self.take()
-            self.run(head)
-            if head is job:
-                return True
-
-    def run(self, job):
-        """Run a taken job and finish its handle."""
-        fn, seq, work = job.fn, job.seq, job.work
-        job.fn = job.work = work._job = None
-        result = error = None
-        try:
-            with self.run_lock:
-                result = fn(seq)
-        except BaseException as exc:  # handed to whoever waits on the handle
-            error = exc
-        finally:
-            fn = None
-            self.stopped_running()
-        # futures' callbacks run here, with the lane free: a blocking collective they issue on
-        # this group runs inline or is claimed (see submit), instead of waiting for this job
-        try:
-            work._finish(result=result, error=error)
-        finally:
-            self.done_one()
-
-    def stopped_running(self):
-        with self.state:
-            self.running -= 1
-            if self.jobs or self.helping:
-                self.ready.notify_all()
+            fn, seq, work = self.queue.get()
+            if fn is None:      # retired (the group was destroyed): the thread ends
+                return
+            try:
+                with self.run_lock:
+                    result = fn(seq)
+            except BaseException as exc:  # handed to whoever waits on the handle
+                work._finish(error=exc)
+            else:
+                # futures' callbacks run here, outside run_lock: a blocking
+                # collective they issue on this group runs inline (see submit)
+                work._finish(result=result)
+            finally:
+                # Drop the job while idle: its closure holds the process group, and a
+                # group kept alive here past destroy_process_group() is torn down at
+                # interpreter exit with gloo's threads still running (SIGABRT).
+                fn = work = result = None
+                self.done_one()
 
     def done_one(self):
         with self.state:
@@ -278,10 +162,10 @@ class _Lane:
         return self.owner is None if owner is None else (self.owner is not None and self.owner() is owner)
 
     def retire(self):
-        """End the thread once the work queued before this has started (it is never reused)."""
+        """End the thread once the work queued before this has run (it is never reused)."""
         with self.state:
-            self.retired = True
-            self.ready.notify_all()
+            if self.thread is not None:
+                self.queue.put((None, None, None))
 
 
 class Engine:
@@ -337,44 +221,45 @@ class Engine:
         group's transport; a lane is never shared by two groups that use the same key.
 
         Called from the lane's own thread (a future's callback issuing a collective on its
-        group), the call runs right there, async or not, after the calls queued before it:
-        left in the queue, it would wait for the very thread that waits for it.
+        group), the call runs right there, async or not: queued, it would wait for the very
+        thread that waits for it.
         """
         lane = self._lane(key, owner)
-        started = False
+        on_lane_thread = threading.current_thread() is lane.thread
         with lane.state:
             seq = lane.seq
             lane.seq += 1
+            inline = on_lane_thread or (not async_op and lane.pending == 0)
             lane.pending += 1
-            inline = not async_op and not lane.jobs and not lane.running
-            if inline:
-                lane.running += 1
+        if inline and async_op:
+            work = Work(description)
+            try:
+                with lane.run_lock:
+                    result = fn(seq)
+            except BaseException as exc:
+                work._finish(error=exc)
             else:
-                # queued under the lock that numbered it: the queue's order is seq order
-                work = Work(description)
-                work._job = _Job(lane, fn, seq, work)
-                lane.jobs.append(work._job)
-                if lane.thread is None:
-                    lane.thread = threading.Thread(target=lane.loop, daemon=True,
-                                                   name=f"collectives-comm[{key or 'world'}]")
-                    lane.thread.start()
-                    started = True
-                if not lane.running:    # else the running call's end notifies
-                    lane.ready.notify_all()
-        if started:
-            self._register_exit_hook()
+                work._finish(result=result)
+            finally:
+                lane.done_one()
+            return work
         if inline:
             try:
                 with lane.run_lock:
                     return fn(seq)
             finally:
-                lane.stopped_running()
                 lane.done_one()
-        if threading.current_thread() is lane.thread:
-            work.claim()    # a callback's call: run now, after the earlier ones (see claim)
+        work = Work(description)
+        with lane.state:
+            if lane.thread is None:
+                lane.thread = threading.Thread(target=lane.loop, daemon=True,
+                                               name=f"collectives-comm[{key or 'world'}]")
+                lane.thread.start()
+                self._register_exit_hook()
+        lane.queue.put((fn, seq, work))
         if async_op:
             return work
-        work.wait()     # claimed here if the lane became free meanwhile
+        work.wait()
         return work._result
 
     def pending(self):
