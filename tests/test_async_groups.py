@@ -1,11 +1,13 @@
 """Subgroups with non-member callers, async handles, issue order, mixed back-to-back calls."""
+import threading
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import collectives
-from collectives import ALGORITHMS
+from collectives import ALGORITHMS, observers, p2p_api
 
 from .expected import builtin_collectives_forbidden
 from .worlds import run_world
@@ -142,3 +144,112 @@ def test_async_handles_overlap_and_issue_order():
         assert out["future"] == float(n)
     assert results[0]["issue_seconds"] < 0.5, "async_op=True must not wait for the peers"
     assert results[0]["pending_while_computing"], "the collective should still be pending while rank 0 computes"
+
+
+# -- who runs a call: the caller, or its lane's thread (collectives/engine.py) ---------------
+
+class _Runners:
+    """An observer noting the thread that ran each call (the call machinery reports a call
+    from the thread that ran it)."""
+
+    def __init__(self):
+        self.threads = []
+
+    def _observe(self, msg):
+        pass
+
+    def _observe_call(self, call):
+        self.threads.append(threading.current_thread().name)
+
+
+def _on_caller(runners):
+    """How many of the recorded calls ran on this (the calling) thread, of how many."""
+    me = threading.current_thread().name
+    return sum(t == me for t in runners.threads), len(runners.threads)
+
+
+def caller_world(rank, n):
+    out = {}
+    g = dist.new_group(list(range(n)), backend="collectives")
+    x = torch.ones(1)
+    dist.all_reduce(x, group=g)                      # the group's first call (its agreement)
+
+    # 1. with the lane idle, a blocking call through torch runs on the caller's thread (no hop
+    #    to the lane's thread), as do the two calls of a blocking coalesced one (torch says
+    #    the call blocks in opts.asyncOp); async ones waited at once still complete
+    with observers.observing(_Runners()) as runners:
+        for _ in range(20):
+            dist.all_reduce(x, group=g)
+        dist.all_reduce_coalesced([torch.ones(2), torch.ones(3)], group=g)
+    out["blocking_on_caller"] = _on_caller(runners)
+    x = torch.ones(1)
+    for _ in range(5):
+        dist.all_reduce(x, group=g, async_op=True).wait()
+        collectives.all_reduce(x, group=g, async_op=True).wait()
+    out["async_waited"] = x.item()
+
+    # 2. async work nobody waits for still moves: the lane's thread runs it
+    with observers.observing(_Runners()) as runners:
+        y = torch.full((3,), float(rank))
+        h = dist.all_reduce(y, group=g, async_op=True)
+        got = torch.zeros(3)
+        hs = p2p_api.isend(torch.full((3,), float(rank)), (rank + 1) % n)
+        hr = p2p_api.irecv(got, (rank - 1) % n)
+        deadline = time.monotonic() + 20
+        while not (h.is_completed() and hs.is_completed() and hr.is_completed()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        out["async_completed_unwaited"] = (h.is_completed(), hs.is_completed(), hr.is_completed())
+        h.wait(), hs.wait(), hr.wait()
+    out["async_values"] = (y[0].item(), got[0].item())
+    out["async_on_caller"] = _on_caller(runners)
+
+    # 3. several async calls, only one waited for: they still run in issue order on every
+    #    rank (the ranks wait in different ways and at different times)
+    orders = []
+    for case in range(4):
+        a = torch.full((2,), float(rank + 1))
+        b = torch.full((2,), float(rank))
+        outs = [torch.zeros(2) for _ in range(n)]
+        hs = [dist.all_reduce(a, group=g, async_op=True),                          # sum
+              dist.all_reduce(a, op=dist.ReduceOp.PRODUCT, group=g, async_op=True),  # sum ** n
+              collectives.broadcast(b, src=n - 1, group=g, async_op=True),
+              dist.all_gather(outs, a, group=g, async_op=True),                       # reads a's product
+              dist.all_reduce(b, group=g, async_op=True)]                             # of the broadcast
+        if (rank + case) % 2:
+            time.sleep(0.2)         # the calls are done before the waits
+        if case >= 2:
+            hs[0].wait()            # the first one, then the last one
+        hs[-1].wait()
+        orders.append((a[0].item(), b[0].item(), [o[0].item() for o in outs]))
+    out["order"] = orders
+
+    # 4. a future's callback issuing a blocking collective on the same group does not hang,
+    #    whether the first call is done before the wait or not (case 2: each rank its own way)
+    for case in range(3):
+        z = torch.ones(1)
+        w = torch.ones(1)
+        h = dist.all_reduce(z, group=g, async_op=True)
+        f = h.get_future().then(lambda _: (dist.all_reduce(w, group=g), w.item())[1])
+        h2 = collectives.all_reduce(torch.ones(1), group=g, async_op=True)
+        f2 = h2.get_future().then(lambda _: collectives.all_reduce(torch.ones(1), group=g))
+        if case == 1 or case == 2 and rank % 2:
+            time.sleep(0.2)
+        h.wait()
+        h2.wait()
+        out[f"callback{case}"] = (z.item(), f.wait(), f2.wait() is None)
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_blocking_torch_calls_run_on_the_caller_and_async_ones_keep_issue_order(n):
+    results = run_world(caller_world, n, backend="collectives", timeout=120)
+    s = float(n * (n + 1) // 2)
+    for rank, out in enumerate(results):
+        assert out["blocking_on_caller"] == (22, 22)
+        assert out["async_waited"] == float(n ** 10)
+        assert out["async_completed_unwaited"] == (True, True, True)
+        assert out["async_values"] == (float(sum(range(n))), float((rank - 1) % n))
+        assert out["async_on_caller"][0] == 0, "nobody waited: the lane's threads ran them"
+        assert out["order"] == [(s ** n, float(n * (n - 1)), [s ** n] * n)] * 4, (rank, out["order"])
+        for case in range(3):
+            assert out[f"callback{case}"] == (float(n), float(n), True)

@@ -3,11 +3,12 @@
 Each module's docstring is its card: semantics, cost (steps and bytes as a
 formula of N ranks and S bytes), numbered steps, a worked 4-rank example and a
 reference. Beside the card, ``cost(n, s, item)`` states the same cost as code
-(``_cost.Cost``: steps, messages, bytes sent, received and reduced, extra
-memory), which the cost model, the automatic choice, the tests and chapter 5
-read. The functions here work on flat, contiguous tensors and a
-:class:`~collectives.p2p_communications.Comm`; ``collectives.api`` does the
-validation, reshaping, staging and dispatch around them.
+(``_cost.Cost``: steps, messages (the busiest rank's, and the whole call's),
+bytes sent, received and reduced, extra memory), which the cost model, the
+automatic choice, the tests and chapter 5 read. The functions here work on
+flat, contiguous tensors and a :class:`~collectives.p2p_communications.Comm`;
+``collectives.api`` does the validation, reshaping, staging and dispatch around
+them.
 
 Adding an algorithm: its module (the function named after the collective, and
 ``cost``), one line in ``MODULES``, its test.

@@ -36,10 +36,15 @@ SIZE_OF_CALL = {
 
 @dataclass(frozen=True)
 class Cost:
-    """One call, counted on the busiest rank.
+    """One call, counted on the busiest rank (``total_messages`` aside: the whole group).
 
     steps:          distinct communication steps (message tags) of the whole group
     messages:       most messages one rank sends or receives
+    total_messages: the messages of the whole call, every rank's sends together (each is
+                    received once, so also every rank's receives together): what the
+                    simulator moves, exactly. N x ``messages`` only where every rank sends
+                    as much as the busiest (a ring on at least N elements); fewer where the
+                    ranks differ (a binomial tree sends N - 1, its root log N of them)
     sent_bytes:     most bytes one rank sends
     recv_bytes:     most bytes one rank receives
     critical_bytes: the sum, over steps, of the largest message of the step: what
@@ -49,6 +54,7 @@ class Cost:
     """
     steps: int = 0
     messages: int = 0
+    total_messages: int = 0
     sent_bytes: int = 0
     recv_bytes: int = 0
     critical_bytes: int = 0
@@ -72,8 +78,9 @@ def pieces(s, parts, item=1):
 class Tally:
     """Count a schedule rank by rank: for algorithms whose figures differ by rank
     (trees, folds, uneven pieces), the cost function lists the messages of one
-    call here, and the busiest rank's figures come out. A message of 0 bytes is
-    not sent (the door skips it), so it is not counted."""
+    call here, and the busiest rank's figures come out, with the whole call's
+    count of messages (the sum of every rank's). A message of 0 bytes is not
+    sent (the door skips it), so it is not counted."""
 
     def __init__(self, n):
         self.n = n
@@ -119,7 +126,8 @@ class Tally:
 
     def stream(self, src, dst, nbytes, count):
         """``count`` messages of ``nbytes`` in all from ``src`` to ``dst``, counted at once (the
-        caller records each step's largest message in :attr:`largest` itself)."""
+        caller counts only messages of more than 0 bytes, and records each step's largest
+        message in :attr:`largest` itself)."""
         self.sent[src] += nbytes
         self.recv[dst] += nbytes
         self.sent_msgs[src] += count
@@ -134,6 +142,7 @@ class Tally:
     def cost(self):
         return Cost(steps=len(self.largest),
                     messages=max(max(a, b) for a, b in zip(self.sent_msgs, self.recv_msgs)),
+                    total_messages=sum(self.sent_msgs),
                     sent_bytes=max(self.sent), recv_bytes=max(self.recv),
                     critical_bytes=sum(self.largest.values()),
                     reduced_bytes=max(self.reduced), extra_memory=max(self.memory))

@@ -110,8 +110,9 @@ def cost(n, s, item=1):
     # every rank sends and receives the same message in every step: no need to tally
     # rank by rank (which at N = 4096 and a block per message takes N^2 calls)
     total = (n - 1) * block
-    return Cost(steps=len(plan), messages=len(plan), sent_bytes=total, recv_bytes=total,
-                critical_bytes=total, extra_memory=2 * widest * block if widest > 1 else 0)
+    return Cost(steps=len(plan), messages=len(plan), total_messages=n * len(plan),
+                sent_bytes=total, recv_bytes=total, critical_bytes=total,
+                extra_memory=2 * widest * block if widest > 1 else 0)
 
 
 def all_gather(comm, tensor_list, tensor):

@@ -48,9 +48,10 @@ def cost(n, s, item=1):
     if n == 1:
         return NOTHING
     moved = s > 0   # an empty tensor is not sent
-    return Cost(steps=(n - 1) * moved, messages=(n - 1) * moved, sent_bytes=(n - 1) * s,
-                recv_bytes=(n - 1) * s, critical_bytes=(n - 1) * s, reduced_bytes=(n - 1) * s,
-                extra_memory=n * s)
+    # every rank sends the whole tensor at each of the N-1 steps: N(N-1) messages in all
+    return Cost(steps=(n - 1) * moved, messages=(n - 1) * moved, total_messages=n * (n - 1) * moved,
+                sent_bytes=(n - 1) * s, recv_bytes=(n - 1) * s, critical_bytes=(n - 1) * s,
+                reduced_bytes=(n - 1) * s, extra_memory=n * s)
 
 
 def all_reduce(comm, tensor, op):

@@ -32,8 +32,9 @@ def cost(n, s, item=1):
     m = pieces(s, n, item)[0]
     if n == 1 or m == 0:
         return NOTHING
-    return Cost(steps=1, messages=n - 1, sent_bytes=(n - 1) * m, recv_bytes=(n - 1) * m,
-                critical_bytes=m)
+    # every rank sends one piece to each of the N-1 others: N(N-1) messages in all
+    return Cost(steps=1, messages=n - 1, total_messages=n * (n - 1),
+                sent_bytes=(n - 1) * m, recv_bytes=(n - 1) * m, critical_bytes=m)
 
 
 def all_to_all(comm, output_tensor_list, input_tensor_list):

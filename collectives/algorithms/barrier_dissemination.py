@@ -35,7 +35,9 @@ def cost(n, s=0, item=1):
     if n == 1:
         return NOTHING
     k = ceil_log2(n)
-    return Cost(steps=k, messages=k, sent_bytes=k, recv_bytes=k, critical_bytes=k, extra_memory=2)
+    # every rank sends one token at each of the ceil(log2 N) steps: N ceil(log2 N) in all
+    return Cost(steps=k, messages=k, total_messages=n * k,
+                sent_bytes=k, recv_bytes=k, critical_bytes=k, extra_memory=2)
 
 
 def barrier(comm):

@@ -33,7 +33,9 @@ from ._cost import NOTHING, Cost
 def cost(n, s, item=1):
     if n == 1 or s == 0:
         return NOTHING
-    return Cost(steps=1, messages=n - 1, sent_bytes=(n - 1) * s, recv_bytes=s, critical_bytes=s)
+    # the root sends N-1 messages, the others none: N-1 in all, whichever rank is the root
+    return Cost(steps=1, messages=n - 1, total_messages=n - 1,
+                sent_bytes=(n - 1) * s, recv_bytes=s, critical_bytes=s)
 
 
 def broadcast(comm, tensor, root):

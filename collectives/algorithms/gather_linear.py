@@ -27,7 +27,9 @@ def cost(n, s, item=1):
     m = pieces(s, n, item)[0]
     if n == 1 or m == 0:
         return NOTHING
-    return Cost(steps=1, messages=n - 1, sent_bytes=m, recv_bytes=(n - 1) * m, critical_bytes=m)
+    # every rank but the root sends its piece once: N-1 in all, whichever rank is the root
+    return Cost(steps=1, messages=n - 1, total_messages=n - 1,
+                sent_bytes=m, recv_bytes=(n - 1) * m, critical_bytes=m)
 
 
 def gather(comm, tensor, gather_list, root):

@@ -26,7 +26,8 @@ from ._cost import NOTHING, Cost
 def cost(n, s, item=1):
     if n == 1 or s == 0:
         return NOTHING
-    return Cost(steps=1, messages=n - 1, sent_bytes=s, recv_bytes=(n - 1) * s,
+    # every rank but the root sends its tensor once: N-1 in all, whichever rank is the root
+    return Cost(steps=1, messages=n - 1, total_messages=n - 1, sent_bytes=s, recv_bytes=(n - 1) * s,
                 critical_bytes=s, reduced_bytes=(n - 1) * s, extra_memory=n * s)
 
 

@@ -97,8 +97,8 @@ def cost(n, s, item=1):
     todo = steps(n, a)
     widest = max(len(out) for _, out, _ in todo)
     total = (n - 1) * block   # every rank the same, every step (see all_gather_pat.cost)
-    return Cost(steps=len(todo), messages=len(todo), sent_bytes=total, recv_bytes=total,
-                critical_bytes=total, reduced_bytes=total,
+    return Cost(steps=len(todo), messages=len(todo), total_messages=n * len(todo),
+                sent_bytes=total, recv_bytes=total, critical_bytes=total, reduced_bytes=total,
                 extra_memory=(pool_slots(n, a) + (2 * widest if widest > 1 else 1)) * block)
 
 

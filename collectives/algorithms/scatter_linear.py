@@ -26,7 +26,9 @@ def cost(n, s, item=1):
     m = pieces(s, n, item)[0]
     if n == 1 or m == 0:
         return NOTHING
-    return Cost(steps=1, messages=n - 1, sent_bytes=(n - 1) * m, recv_bytes=m, critical_bytes=m)
+    # the root sends N-1 pieces, the others none: N-1 in all, whichever rank is the root
+    return Cost(steps=1, messages=n - 1, total_messages=n - 1,
+                sent_bytes=(n - 1) * m, recv_bytes=m, critical_bytes=m)
 
 
 def scatter(comm, tensor, scatter_list, root):

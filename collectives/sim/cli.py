@@ -30,9 +30,10 @@ message's latency an extra drawn from the exponential distribution of that mean,
 ``--seed N`` (default 0): the same seed gives the same times.
 
 Progress: a run longer than about 2 s says on stderr how far it is (point k of n, the
-collective, algorithm, world size and size, messages done of at most how many, ranks
-finished; the bound is N x the busiest rank's messages by the algorithm's ``cost()``,
-exact where every rank sends alike, as in a ring): one line
+collective, algorithm, world size and size, messages done of how many the point sends, ranks
+finished; the total is the algorithm's ``cost()``'s ``total_messages``, every rank's messages
+together, exact for every registered algorithm; a ``--function``, which has no ``cost()``,
+gets the count alone): one line
 rewritten in place at most 4 times a second when stderr is a terminal, else a line every 5 s.
 A shorter run prints nothing there; ``--quiet`` turns it off.
 
@@ -119,7 +120,7 @@ class Progress:
     """How far a long run is, on ``stream`` (stderr): nothing for the first ``after`` seconds,
     then, at most every ``every`` seconds, one line rewritten in place on a terminal, or a
     plain line otherwise. ``point`` names the point being run and, where it can, how many
-    messages it sends at most; ``tick`` is the world's ``progress`` callback."""
+    messages it sends; ``tick`` is the world's ``progress`` callback."""
 
     def __init__(self, stream, total, after=2.0, every=None):
         self.stream, self.total = stream, total
@@ -129,15 +130,16 @@ class Progress:
         self.next = self.begun + after
         self.k, self.what, self.since = 0, "", self.begun
         self.shown = False
-        self.bound = None
+        self.total_messages = None
 
-    def point(self, what, n, bound=None):
-        """A new point: ``what`` names it; ``bound()``, if given, is the most messages it sends,
-        asked for only when a line is about to say it (a ring's count at 1,024 ranks takes
-        seconds: a point over before its first line never pays for it)."""
+    def point(self, what, n, total_messages=None):
+        """A new point: ``what`` names it; ``total_messages()``, if given, is how many messages
+        it sends, asked for only when a line is about to say it (``cost()`` tallies the
+        schedule: at 4,096 ranks up to half a second; a point over before its first line
+        never pays it)."""
         self.k += 1
         self.what, self.since = what, time.monotonic()
-        self.bound = bound
+        self.total_messages = total_messages
         self.tick(0, 0, n)
 
     def tick(self, messages, finished, n):
@@ -145,9 +147,9 @@ class Progress:
         if now < self.next:
             return
         self.next = now + self.every
-        if callable(self.bound):
-            self.bound = self.bound()
-        done = f"messages {messages:,} of at most {self.bound:,}" if self.bound is not None else \
+        if callable(self.total_messages):
+            self.total_messages = self.total_messages()
+        done = f"messages {messages:,} of {self.total_messages:,}" if self.total_messages is not None else \
             f"{messages:,} messages done"
         line = (f"collectives.sim: point {self.k} of {self.total}, {self.what}: {done}, "
                 f"{finished}/{n} ranks finished ({now - self.since:.0f} s on it, {now - self.begun:.0f} s in all)")
@@ -166,11 +168,11 @@ class Progress:
             self.shown = False
 
 
-def messages_at_most(collective, algorithm, n, size, item):
-    """The most messages one call of a registered ``algorithm`` sends, all ranks together:
-    N x its ``cost()``'s busiest rank's count (``Cost.messages``). Exact where every rank
-    sends alike (a ring on at least N elements, all_to_all), above the count where the ranks
-    differ (a binomial tree's root sends log N, its leaves 1); None where there is no
+def messages_total(collective, algorithm, n, size, item):
+    """How many messages one call of a registered ``algorithm`` sends, all ranks together,
+    exactly: its ``cost()``'s ``total_messages`` (every rank's count summed, not N x the
+    busiest rank's, which overstates a tree: its root sends log N, its leaves 1; checked
+    against the simulator by tests/test_sim_total_messages.py); None where there is no
     ``cost()`` to ask (a learner's ``--function``). ``cost()`` tallies the schedule, so at N
     ranks it takes about as long as the messages it counts take to add up, a small part of
     the time they take to simulate."""
@@ -178,7 +180,7 @@ def messages_at_most(collective, algorithm, n, size, item):
         return None
     from ..algorithms import cost
     e = elements(collective, size, n, item)
-    return n * cost(collective, algorithm, n, call_bytes(collective, e, n, item), item).messages
+    return cost(collective, algorithm, n, call_bytes(collective, e, n, item), item).total_messages
 
 
 def load_function(spec, collective, api="door"):
@@ -352,7 +354,7 @@ def main(argv=None, progress_after=2.0, progress_every=None):
                     if progress is not None:
                         progress.point(f"{collective}/{name}, {n} ranks, {human(size)}", n,
                                        (lambda c=collective, a=fn, n=n, s=size:
-                                        messages_at_most(c, a, n, s, item)) if isinstance(fn, str) else None)
+                                        messages_total(c, a, n, s, item)) if isinstance(fn, str) else None)
                     try:
                         if not traced:
                             with observers.trace() as records:
