@@ -389,11 +389,18 @@ class World:
                 end.seq = first + i
             self.posted_ends[rank] = first + len(ends)
             self.schedule[rank].append(("post", [(e.kind, e.peer, e.step, e.nbytes) for e in ends]))
+        self._posted(rank, step, ends)
         if done is not None:
-            # the rank is busy posting until ``done``; its first messages may start before
+            # the rank is busy posting until ``done``; its first messages may start, and end,
+            # before
             self.at(done, r.let.switch)
             self._block(r)
         return ends
+
+    def _posted(self, rank, step, ends):
+        """Called once a post's messages exist, before the rank spends its posting time (o per
+        message), during which the first of them may already complete: what a watcher
+        (:class:`collectives.viz.record.VizWorld`) keeps of them must be kept here."""
 
     def _route(self, src, dst):
         """(links, alpha, gap, the class of each link) of a message from ``src`` to ``dst``,

@@ -171,13 +171,15 @@ class VizWorld(World):
 
     def post(self, rank, step, sends, recvs, collective, algorithm):
         self.snapshots[rank].append((self.now, self.call[rank] * STRIDE + step, self.state(rank)))
-        ends = super().post(rank, step, sends, recvs, collective, algorithm)
+        return super().post(rank, step, sends, recvs, collective, algorithm)
+
+    def _posted(self, rank, step, ends):
+        # before the rank's posting time (o per message), in which a message may complete
         for end in ends:
             t = end.tensor
             cell = self.cell_of(rank, t)
             values = None if t.is_meta else [int(x) for x in t.reshape(-1).tolist()]
             self.carried[id(end)] = (cell, t.numel(), values, self.call[rank] * STRIDE + step)
-        return ends
 
     def _complete(self, send, recv):
         if len(self.done) >= self.limit:
