@@ -22,6 +22,7 @@ import contextlib
 import torch
 
 from .. import observers
+from ..engine import engine
 from ..algorithms import REGISTRY
 from ..sim import topology as topologies
 from ..sim.collective import REDUCING, ROOTED, local, resolve_algorithm
@@ -560,6 +561,12 @@ def _real_rank(rank, n, collective, name, root, mode, source, calls="door"):
         with observers.observing(seen), observers.count_traffic() as counted:
             try:
                 run()
+                # a send the program posted and never waited for still goes out (torch's isend
+                # hands it to gloo at once; ours is queued on its lane): finish this rank's queued
+                # work before the rank's run ends, as the engine's exit hook would at a normal
+                # exit, which a forked rank skips. Without it a rank could end before its dropped
+                # isend was posted, and its peer wait for it (each wait bounded by ``hang``)
+                engine().drain()
             except CollectiveError as exc:
                 if door.stuck is None:      # not a wait that never ended: the world failed
                     raise
