@@ -333,19 +333,15 @@ def validate(spec):
         if not ok or [row[0] for row in table] != sorted({row[0] for row in table}):
             raise ValueError(f"{where}: by_size[{field!r}] must be [[bytes, seconds per byte], ...] with "
                              f"bytes > 0 rising and seconds >= 0, got {table!r}")
-    for field in GAPS:
+    for field in GAPS + (INTRA_OVERHEAD,):
         value = spec.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
                                   or value == math.inf):
             raise ValueError(f"{where}: {field} must be a non-negative number or null, got {value!r}")
-    if spec.get("intra_gap") is not None and kind not in ("nodes", "rail"):
-        raise ValueError(f"{where}: intra_gap is for a topology with nodes (nodes, rail); give gap")
-    value = spec.get(INTRA_OVERHEAD)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
-                              or value == math.inf):
-        raise ValueError(f"{where}: {INTRA_OVERHEAD} must be a non-negative number or null, got {value!r}")
-    if value is not None and kind not in ("nodes", "rail"):
-        raise ValueError(f"{where}: {INTRA_OVERHEAD} is for a topology with nodes (nodes, rail); give overhead")
+    for field in ("intra_gap", INTRA_OVERHEAD):     # a node's own figures: only where there are nodes
+        if spec.get(field) is not None and kind not in ("nodes", "rail"):
+            raise ValueError(f"{where}: {field} is for a topology with nodes (nodes, rail); "
+                             f"give {field[len('intra_'):]}")
     if spec.get("model", "loggp") not in MODELS:
         raise ValueError(f"{where}: model must be one of {', '.join(MODELS)}, got {spec.get('model')!r}")
     if spec.get("host_bandwidth") is not None and kind != "flat":
@@ -411,21 +407,22 @@ class Fabric:
         """o of a message between ``src`` and ``dst``: ``intra_overhead`` inside a node where
         given (NCCL moves NVLink messages from the GPU kernel, with no proxy to post them),
         else ``overhead``."""
-        if self.intra_overhead is not None:
-            per = self.spec["ranks_per_node"]
-            if src // per == dst // per:
-                return self.intra_overhead
+        if self.intra_overhead is not None and self.same_node(src, dst):
+            return self.intra_overhead
         return self.overhead
 
     def gap_of(self, src, dst, alpha):
         """g of a message from ``src`` to ``dst`` whose latency is ``alpha``: the least time
         from its start to the next message's start out of ``src`` or into ``dst``."""
         g = self.gap
-        if self.intra_gap is not None or g is not None:
-            s = self.spec
-            if s["kind"] in ("nodes", "rail") and src // s["ranks_per_node"] == dst // s["ranks_per_node"]:
-                g = self.intra_gap
+        if (self.intra_gap is not None or g is not None) and self.same_node(src, dst):
+            g = self.intra_gap
         return alpha if g is None else g
+
+    def same_node(self, src, dst):
+        """Whether ``src`` and ``dst`` share a node (a topology with nodes: nodes, rail)."""
+        s = self.spec
+        return s["kind"] in ("nodes", "rail") and src // s["ranks_per_node"] == dst // s["ranks_per_node"]
 
     def route(self, src, dst):
         """(link ids, alpha) of a message from ``src`` to ``dst``."""
