@@ -70,7 +70,7 @@ from collectives.parallel.recompute import checkpoint
 from collectives.parallel.ring_attention_zigzag import zigzag_ring_attention, zigzag_split
 from collectives.parallel.tensor_parallel import Block, ParallelAttention, ParallelBlock, reduce_replicated_grads
 from collectives.parallel.zero import ZeroOptimizer, optimizer_state_bytes
-from collectives.plan import Config, Model, check, memory, step_time
+from collectives.plan import Config, Model, check, fits, memory, step_time
 
 KINDS = ("parameters", "gradients", "optimizer", "activations")
 CONFIGS = [Config(4, 1, 1, 1), Config(4, 1, 1, 1, zero=1), Config(4, 1, 1, 1, zero=2),
@@ -95,16 +95,7 @@ def configs_for(world, dims):
     extra = [Config(8, 1, 1, 1, zero=z) for z in (1, 2, 3)] + [Config(8, 1, 1, 1, recompute=True),
                                                                 Config(1, 1, 1, 8, recompute=True),
                                                                 Config(2, 2, 2, 1, recompute=True)]
-    return configurations(model, world, zero_stages=(0,), recompute=(False,)) + [c for c in extra if _fits(model, c, world)]
-
-
-def _fits(model, config, world):
-    """Whether ``model`` can be split as ``config`` (a sequence of 4 tokens has no CP8)."""
-    try:
-        check(model, config, world)
-    except ValueError:
-        return False
-    return True
+    return configurations(model, world, zero_stages=(0,), recompute=(False,)) + [c for c in extra if fits(model, c, world)]
 
 
 def block_params(h):

@@ -206,6 +206,15 @@ def check(model, config, ranks):
         raise ValueError(f"plan: top_k={model.top_k} must be between 1 and the {model.experts} experts")
 
 
+def fits(model, config, ranks):
+    """Whether ``config`` is a valid split of ``model`` over ``ranks`` (:func:`check` raises nothing)."""
+    try:
+        check(model, config, ranks)
+    except ValueError:
+        return False
+    return True
+
+
 def micro_batches(model, config):
     return model.batch // (config.dp * config.micro_batch)
 
@@ -424,11 +433,8 @@ def configurations(model, ranks, zero_stages=(0, 1, 2, 3), recompute=(False, Tru
                     for zero in zero_stages if dp * cp > 1 else (0,):     # ZeRO shards over DP x CP
                         for r in recompute:
                             config = Config(dp, tp, pp, cp, zero, r, ep=ep)
-                            try:
-                                check(model, config, ranks)
-                            except ValueError:
-                                continue
-                            out.append(config)
+                            if fits(model, config, ranks):
+                                out.append(config)
     return out
 
 
