@@ -13,22 +13,13 @@ busiest rank's figures the same way.)
 import pytest
 
 from collectives import observers
-from collectives.algorithms import ALGORITHMS, cost
+from collectives.algorithms import cost
 from collectives.sim import simulate
-from collectives.sim.collective import PIECES, ROOTED
+from collectives.sim.collective import ROOTED
+from tests.test_sim import CASES, ELEM, LARGE, SIZES, nbytes   # the sizes and cases test_sim.py runs
 
-ELEM = 4
 WORLDS = (1, 2, 3, 5, 8, 12)
-SIZES = (0, 1, 7, 1000)                    # elements of the tensor (or of one rank's piece)
-LARGE = (1 << 18, 1_300_001)               # segments, Rabenseifner's blocks
-BIG = ("all_reduce", "broadcast")
-CASES = [(c, a) for c, names in ALGORITHMS.items() for a in names]
-
-
-def nbytes(collective, n, e):
-    if collective == "barrier":
-        return 0
-    return e * ELEM * (n if collective in PIECES else 1)
+BIG = ("all_reduce", "broadcast")            # LARGE sizes: segments, Rabenseifner's blocks
 
 
 def roots(collective, n):
