@@ -251,11 +251,15 @@ class Engine:
                 lane.done_one()
         work = Work(description)
         with lane.state:
-            if lane.thread is None:
+            started = lane.thread is None
+            if started:
                 lane.thread = threading.Thread(target=lane.loop, daemon=True,
                                                name=f"collectives-comm[{key or 'world'}]")
                 lane.thread.start()
-                self._register_exit_hook()
+        if started:
+            # after the lane's lock is let go: the engine's lock is taken first, the lane's
+            # second everywhere else (_lane retiring a lane, a collected group's callback)
+            self._register_exit_hook()
         lane.queue.put((fn, seq, work))
         if async_op:
             return work

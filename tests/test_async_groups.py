@@ -253,3 +253,39 @@ def test_blocking_torch_calls_run_on_the_caller_and_async_ones_keep_issue_order(
         assert out["order"] == [(s ** n, float(n * (n - 1)), [s ** n] * n)] * 4, (rank, out["order"])
         for case in range(3):
             assert out[f"callback{case}"] == (float(n), float(n), True)
+
+
+# -- the engine's two locks are always taken in one order --------------------------------------
+
+def test_a_lane_retired_while_its_first_queued_call_starts_its_thread_does_not_deadlock():
+    """The engine's lock, then a lane's (``Engine._lane`` retiring a lane whose key a new
+    group took, or a group collected): a submit that held its lane's lock while it took the
+    engine's (to register the exit hook with the lane's first thread) could wait for a thread
+    that waited for it. Forced here: the retirer takes the engine's lock the moment the
+    submit asks for it."""
+    import threading
+    from collectives.engine import Engine
+
+    e = Engine()
+    lane = e._lane("k")
+    asking, retirer_holds = threading.Event(), threading.Event()
+
+    def register_late():       # as the real one, which takes the engine's lock, minus atexit
+        asking.set()
+        retirer_holds.wait(5)
+        with e._lock:
+            pass
+    e._register_exit_hook = register_late
+
+    def retirer():
+        asking.wait(5)
+        with e._lock:
+            retirer_holds.set()
+            lane.retire()
+    other = threading.Thread(target=retirer, daemon=True)
+    other.start()
+    submitter = threading.Thread(target=lambda: e.submit(lambda seq: seq, "call", True, key="k"), daemon=True)
+    submitter.start()
+    submitter.join(10)
+    other.join(10)
+    assert not submitter.is_alive() and not other.is_alive(), "the two locks were taken in opposite orders"
