@@ -197,6 +197,14 @@ def shm_transport(comm):
         return _keep(_shm_of, _shm_of_ids, transport, found)
 
 
+def transport_in_use(group=None):
+    """``"shm"`` if ``group``'s messages go through shared memory (to at least one peer, set
+    up by a call on it), else ``"gloo"``: what ``COLLECTIVES_TRANSPORT=auto`` came to here."""
+    from .group import group_info
+    found = _kept(_shm_of, _shm_of_ids, group_info(group, "transport_in_use").transport)
+    return "shm" if found and found[0] is not None and found[1] else "gloo"
+
+
 def _kept(table, ids, transport):
     """What ``table`` keeps for a group's ``transport``, or None: weakly keyed by it where it
     can be, else (a transport that takes no weak reference) in ``ids`` by its id, beside it."""

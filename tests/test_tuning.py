@@ -150,6 +150,9 @@ def test_tune_writes_a_table_that_choose_reads(tmp_path, monkeypatch):
     assert size == 4096 and name in ALGORITHMS["all_reduce"]
     assert set(table["models"]["2"]) >= {"alpha", "beta", "gamma"}
     assert table["measured"][-1]["machine"] == tuning.machine()
+    # the transport the messages went through, not the setting: two ranks of one host under
+    # the default (auto) move them through shared memory
+    assert table["transport"] == table["measured"][-1]["transport"] == "shm"
     monkeypatch.setenv("COLLECTIVES_TUNING_TABLE", str(path))
     tuning.reload()
     try:
