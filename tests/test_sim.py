@@ -12,7 +12,8 @@ completes only when its receive is posted, as in NCCL). Each case must
   real door's at N <= 6.
 
 Sizes (elements per tensor, or per rank's piece) cycle through 0, 1, 7 and 1000: empty,
-fewer elements than ranks, uneven pieces. Large sizes (segments, Rabenseifner's blocks)
+fewer elements than ranks, uneven pieces (all_to_all at 128 ranks: not 1000, see
+``sizes_at``). Large sizes (segments, Rabenseifner's blocks)
 run on ``meta`` tensors, where only the traffic is checked.
 """
 import json
@@ -79,8 +80,16 @@ def test_every_n_every_root_finishes_exactly_with_the_stated_traffic(collective,
             for i, root in enumerate(range(n)):
                 check_case(collective, algorithm, n, SIZES[(n + i) % len(SIZES)], root)
         else:
-            for e in SIZES:
+            for e in sizes_at(collective, n):
                 check_case(collective, algorithm, n, e)
+
+
+def sizes_at(collective, n):
+    """Every size, but for all_to_all at 128 ranks not the 1,000-element pieces: there the
+    N(N-1) messages overlap on the wires and are shared max-min at every event, minutes of
+    CPU (4,000-byte pieces; 1 and 7 elements finish before the next is posted, seconds), and
+    the uneven pieces run the same schedule through the same code."""
+    return SIZES[:3] if collective == "all_to_all" and n >= 128 else SIZES
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "broadcast"])
