@@ -288,7 +288,7 @@ class Engine:
         left = self.pending()
         if not left:
             return
-        print(f"collectives: warning: {left} asynchronous collective(s) were never waited for; "
+        print(f"collectives: warning: {left} asynchronous call(s) (collectives, isend, irecv) were never waited for; "
               f"finishing them before exit (call .wait() on the handles to avoid this)",
               file=sys.stderr, flush=True)
         # Each wait inside them is bounded by COLLECTIVES_TIMEOUT, so this ends.
