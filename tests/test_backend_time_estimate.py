@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import collectives
 from collectives.backend import backend_of
-from collectives.backend.process_group import estimate_seconds
+from collectives.backend.process_group import estimate_params, estimate_seconds
 from collectives.tuning import agreed
 
 from .worlds import run_world
@@ -69,10 +69,8 @@ def test_time_estimator_sums_the_cost_model_without_sending(world_size):
 
 def test_estimate_reads_the_agreed_model():
     tables = agreed.local()
-    from collectives.tuning import choice, cost_model
-    # the shipped model for 4 ranks, and of it the figures fitted to whole calls where it has them
-    params = choice._model(tables.shipped, 4)
-    params = params.get("calls") or params
+    from collectives.tuning import cost_model
+    params = estimate_params(tables, 4)
     for coll, size in [("all_reduce", 1 << 20), ("all_gather", 4096), ("all_to_all", 1 << 16)]:
         got = estimate_seconds(coll, size, 4, tables)
         picks = [cost_model.predict(coll, a, 4, size, params) for a in collectives.ALGORITHMS[coll]

@@ -522,6 +522,17 @@ class CollectivesBackend:
 
 # -- helpers -------------------------------------------------------------------------------
 
+def estimate_params(tables, group_size):
+    """The figures :func:`estimate_seconds` prices with: the measured model for ``group_size``
+    (this machine's, else the shipped one), and of it the figures fitted to whole calls where
+    the tune measured them (``cost_model.fit_calls``), else ping-pong's."""
+    params = choice._model(tables.mine or {}, group_size) or choice._model(tables.shipped or {}, group_size)
+    if not params:
+        raise ValueError("collectives backend: time estimate: no fitted model in the group's tuning "
+                         "tables (run python -m benchmarks.tune, or use the shipped table)")
+    return params.get("calls") or params
+
+
 def estimate_seconds(collective, size, group_size, tables, algorithm=None):
     """Predicted seconds of one ``collective`` of ``size`` bytes (the call's total, as the
     automatic choice reads it) on ``group_size`` ranks, by the cost model.
@@ -538,13 +549,7 @@ def estimate_seconds(collective, size, group_size, tables, algorithm=None):
     if group_size <= 1:
         return 0.0
     size = max(int(size), 0)
-    params = choice._model(tables.mine or {}, group_size) or choice._model(tables.shipped or {}, group_size)
-    if not params:
-        raise ValueError("collectives backend: time estimate: no fitted model in the group's tuning "
-                         "tables (run python -m benchmarks.tune, or use the shipped table)")
-    # the figures fitted to whole calls where the tune measured them (cost_model.fit_calls),
-    # else ping-pong's
-    params = params.get("calls") or params
+    params = estimate_params(tables, group_size)
     algorithm = algorithm or choice.choose(collective, size, group_size, tables)
     try:
         return cost_model.predict(collective, algorithm, group_size, size, params)
