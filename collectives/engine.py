@@ -299,6 +299,16 @@ _engine = None
 _engine_lock = threading.Lock()
 
 
+def finish_at_exit():
+    """What the exit hook does, for a process that ends without running exit hooks: a rank
+    forked by multiprocessing ends with ``os._exit``, and calls it left unwaited would be lost
+    (a peer then waits for a message that never comes)."""
+    with _engine_lock:
+        current = _engine
+    if current is not None:
+        current._finish_at_exit()
+
+
 def engine():
     global _engine
     with _engine_lock:

@@ -312,3 +312,26 @@ def test_a_rank_returning_what_cannot_be_sent_is_named():
     msg = str(err.value)
     assert msg.startswith("rank 1 of 3 failed") and "returned a function" in msg, msg
     assert "cannot be sent to the launcher" in msg, msg
+
+
+def _sends_and_leaves(rank, world_size):
+    import torch
+    from collectives import p2p_api, shm
+    # larger than a shared-memory mailbox: the send is still under way when the function returns
+    x = torch.full((shm.DEFAULT_CAPACITY * 2,), float(rank + 1))
+    if rank == 0:
+        p2p_api.isend(x, 1)             # never waited for: finished before the process ends
+        return "left"
+    p2p_api.recv(x, 0)
+    return float(x[0]), float(x[-1])
+
+
+@pytest.mark.parametrize("start_method, transport", [("spawn", "auto"), ("forkserver", "auto"),
+                                                    ("forkserver", "gloo")])
+def test_a_send_never_waited_for_is_finished_before_the_rank_ends(start_method, transport):
+    """Under ``spawn`` the engine's exit hook finishes it; a forked rank ends with ``os._exit``,
+    which runs no exit hooks, so the launcher finishes what the rank left before reporting."""
+    got = launch.run_in_group(_sends_and_leaves, 2, start_method=start_method, preload=["tests.worlds"],
+                              timeout=120, env={"COLLECTIVES_TIMEOUT": "20",
+                                                "COLLECTIVES_TRANSPORT": transport})
+    assert got == ["left", (1.0, 1.0)]

@@ -53,6 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from . import lab as lab_tools
+from .. import engine
 
 
 class SetupError(RuntimeError):
@@ -276,6 +277,9 @@ def _child(rank, env, fn, args, results, netns=None, stacks=None):
         tb = traceback.format_exc()
         results.put((rank, False, Failure(tb, culprit) if isinstance(culprit, int) else tb))
         sys.exit(1)
+    # A forked rank ends with os._exit, which runs no exit hooks: the engine's (which finishes
+    # the calls the rank never waited for) runs here, or a peer waits for a send that is lost.
+    engine.finish_at_exit()
     try:
         # The queue pickles in a background thread that only prints its error: the rank then
         # exited 0 and the launcher reported None. Try here, where the failure can be named.
