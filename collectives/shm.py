@@ -11,10 +11,15 @@ one node (its SHM transport, beside P2P and NET) for the same reason.
 
 **Semantics.** Under the door (:class:`collectives.p2p_communications.Comm`), as a
 drop-in for gloo's ``send([tensor], peer, tag)`` / ``recv([tensor], peer, tag)``: both
-return a work whose ``wait(timeout)`` blocks until the message has been copied out of
-the mailbox by its receiver (a send: the peer has taken it, as gloo's send waits for the
-receive, so a rank that never receives is noticed by its sender's timeout, not only by its
-next call) or into our tensor (a receive). Messages of one ordered pair arrive
+return a work whose ``wait(timeout)`` blocks until the message is on its way or in: a send
+once its last byte is in the mailbox (the sender's tensor may then be reused), a receive
+once its bytes are in our tensor. That is MPI's *eager* protocol for messages a buffer
+holds, and it differs from gloo's, whose send waits for the receiver to take it: a
+broadcast's root here goes on to its next call without waiting for a wake-up in each
+child and one back (at 4 KiB on 4 ranks that halved the root's time per call, which the
+children's receives then decide). A rank that never receives is noticed by the ranks that
+wait for it, as on gloo, and by its sender only when the mailbox is full; a message read
+straight from the sender's memory (below) completes only when its receiver has it. Messages of one ordered pair arrive
 in the order they were sent; a receive takes the first waiting message with its tag
 (gloo matches by tag too, not by order). A message whose tag no posted receive has waits
 in the mailbox, unless a posted receive waits for a message behind it: then it is moved
@@ -55,7 +60,7 @@ Moving a message of S bytes from rank a to rank b (a's mailbox in b's inbox):
    advances ``tail``, and rings a's doorbell: room again;
 4. steps 2-3 repeat until all S bytes are through: a message larger than the mailbox
    streams through it in pieces, the sender filling while the receiver drains;
-5. a's send completes when b's ``tail`` has passed the message's end: b has it.
+5. a's send completes when its last piece is in the mailbox (the rest is b's to read).
 
 A message of ``DIRECT_MIN`` (4 MiB) or more skips the ring: a writes only its record,
 with the address of its tensor, and b copies the bytes straight out of a's memory into
@@ -458,10 +463,13 @@ class ShmTransport:
             moved |= step > 0
             if work.done_bytes < work.slot:
                 break
-            # written, not yet taken: done once the receiver's tail has passed its end
             queue.popleft()
             work.end = head
-            self.unread[peer].append(work)
+            if work.nbytes >= (self.direct_min or float("inf")):
+                # read from our tensor: done once the receiver's tail has passed its record
+                self.unread[peer].append(work)
+            else:
+                work.done = True
         if moved:
             box.words[0] = head      # publish: the payload above is written before this store
             self.head[peer] = head
