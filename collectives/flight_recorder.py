@@ -47,6 +47,7 @@ DUMP_KEY = "collectives/flight_recorder/dump"
 _entries = collections.deque()   # bounded at the first call, by COLLECTIVES_TRACE_BUFFER
 _ids = itertools.count()
 _groups = {}              # pg name -> {"name", "desc", "ranks"}
+_pg_ids = {}              # pg name -> its place in _groups (torch's pg_id)
 _collective_seq = collections.Counter()   # per pg name: collectives recorded so far
 _p2p_seq = collections.Counter()
 _lock = threading.Lock()
@@ -81,7 +82,8 @@ def _frames(limit=16):
         if ours is None:
             ours = _OURS[code.co_filename] = os.path.abspath(code.co_filename).startswith(_HERE)
         if not ours:
-            out.append({"filename": code.co_filename, "line": frame.f_lineno or 0, "name": code.co_name})
+            # a tuple now, torch's dict only when someone reads the entry (_public)
+            out.append((code.co_filename, frame.f_lineno or 0, code.co_name))
         frame = frame.f_back
     return out
 
@@ -128,6 +130,7 @@ def record(info, collective, algorithm, description, fields, peers=None, timeout
     if _entries.maxlen is None:
         _entries = collections.deque(_entries, maxlen=settings.trace_buffer())
     if name not in _groups:
+        _pg_ids[name] = len(_groups)
         _groups[name] = {"name": name, "desc": name, "ranks": str(list(info.ranks))}
     if _state["global_rank"] is None and info.member:
         _state["global_rank"] = info.ranks[info.rank]
@@ -148,7 +151,7 @@ def record(info, collective, algorithm, description, fields, peers=None, timeout
             profiling = f"gloo:{_TORCH_NAMES.get(collective, collective)}"
         entry = {
             "record_id": record_id,
-            "pg_id": list(_groups).index(name),
+            "pg_id": _pg_ids[name],
             "process_group": (name, name),
             "collective_seq_id": _collective_seq[name],
             "p2p_seq_id": _p2p_seq[name] if is_p2p else 0,
@@ -203,7 +206,13 @@ def completed(entry):
 def entries():
     """A copy of this rank's buffer, oldest first."""
     with _lock:
-        return [dict(e) for e in _entries]
+        return [_public(e) for e in _entries]
+
+
+def _public(entry):
+    """An entry as torch's recorder writes it: a copy, its frames as dicts."""
+    return dict(entry, collectives=dict(entry["collectives"]),
+                frames=[{"filename": f, "line": line, "name": name} for f, line, name in entry["frames"]])
 
 
 def dump(directory=None, reason=""):
@@ -212,11 +221,11 @@ def dump(directory=None, reason=""):
     os.makedirs(directory, exist_ok=True)
     rank = _state["global_rank"] if _state["global_rank"] is not None else 0
     with _lock:
-        found = [dict(e, collectives=dict(e["collectives"])) for e in _entries]
+        found = [_public(e) for e in _entries]
     pg_status = {}
     for name in _groups:
         mine = [e for e in found if e["process_group"][0] == name and not e["is_p2p"]]
-        pg_status[str(list(_groups).index(name))] = {
+        pg_status[str(_pg_ids[name])] = {
             "last_enqueued_collective": max((e["collective_seq_id"] for e in mine), default=-1),
             "last_started_collective": max((e["collective_seq_id"] for e in mine if e["state"] != "scheduled"),
                                            default=-1),
