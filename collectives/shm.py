@@ -149,6 +149,8 @@ DEFAULT_CAPACITY = 2 << 20      # bytes of one mailbox's ring
 ALIGN = 64                      # a cache line: records and counters start on one
 HEADER = 2 * ALIGN              # head on the first line, tail on the second (no false sharing)
 RECORD = ALIGN                  # a record header: tag, nbytes, address (three u64), padded
+WAITS = 1                       # word of the head's line: 1 while the sender sleeps until the receiver
+                                # gives room back or finishes a direct read (else no ring back)
 SLICE = 0.05                    # seconds a waiter sleeps before checking its deadline again
 SPIN = 30e-6                    # seconds a waiter looks again (yielding the core) before it sleeps
 DIRECT_MIN = 4 << 20            # bytes from which a message is read straight from the sender (one copy;
@@ -300,6 +302,18 @@ class Mailbox:
         return struct.unpack_from("<qqQ", self.buffer, self.offset + pos % self.capacity)
 
 
+_fence_lock = threading.Lock()
+
+
+def _fence():
+    """A full memory barrier: taking a lock is a locked instruction on x86-64, which orders a
+    store before it against a load after it (plain stores may pass later loads there). Each
+    side of the ring-back stores one word and then reads the other's: without it both could
+    read the old values, and a sender would sleep until its poll's timeout (``SLICE``)."""
+    _fence_lock.acquire()
+    _fence_lock.release()
+
+
 def _advance(box, pos, work, room, into):
     """Move as much of ``work``'s payload as ``room`` bytes of the ring allow, at stream
     position ``pos``: into the ring (a send) or out of it (a receive). The stream advances by
@@ -390,6 +404,7 @@ class ShmTransport:
         self.current = {p: None for p in local}     # the receive a partly read message goes to
         self.head = {p: 0 for p in local}           # my copy of each outbox's head
         self.tail = {p: 0 for p in local}           # my copy of each inbox's tail
+        self.flagged = set()                        # peers whose WAITS word this rank raised
         self.lock = threading.Lock()
         self.waiters = 0
         self.broken = None
@@ -426,10 +441,17 @@ class ShmTransport:
                 moved = True       # a waiting thread of this rank may sleep on that send
             if self.sends[peer]:
                 rang |= self._push(peer)
+            if self.flagged and peer in self.flagged and not (self.sends[peer] or self.unread[peer]):
+                self.outbox[peer].words[WAITS] = 0      # nothing of ours waits on that peer now
+                self.flagged.discard(peer)
             if self.staged[peer] and self.recvs[peer] and self._match_staged(peer):
                 moved = True
-            if self.recvs[peer] or self.current[peer] is not None:
-                rang |= self._pull(peer)
+            if (self.recvs[peer] or self.current[peer] is not None) and self._pull(peer):
+                moved = True
+                # room again, or a direct read done: worth a ring only to a sender that sleeps
+                # on it (it raised its flag first; the fence orders our tail before the read)
+                _fence()
+                rang |= bool(self.inbox[peer].words[WAITS])
             if rang:
                 moved = True
                 try:
@@ -605,6 +627,9 @@ class ShmTransport:
                 if time.monotonic() < spin_until:
                     os.sched_yield()
                     continue
+                with self.lock:
+                    if self._ask_for_rings():
+                        continue
                 left = SLICE if deadline is None else min(SLICE, deadline - time.monotonic())
                 if left <= 0:
                     raise TimeoutError(f"Timed out after {timeout:g} s waiting to "
@@ -667,6 +692,9 @@ class ShmTransport:
                         self._ring_self()
                 if outcome:
                     break
+                with self.lock:
+                    if self._ask_for_rings():
+                        continue
                 # a peer that dies is the gloo wait's to report (it names the message);
                 # this thread only moves bytes, so it sleeps on the doorbell alone
                 poller.poll(int(SLICE * 1000))
@@ -677,6 +705,23 @@ class ShmTransport:
         helper.join()
         if outcome[0] is not None:
             raise outcome[0]
+
+    def _ask_for_rings(self):
+        """Before sleeping: raise the WAITS word of each peer this rank waits on for room or a
+        direct read, so that peer rings back when it gives them (it rings no one else: a
+        receiver's ring to a sender that does not wait is a system call on its side and a
+        wake-up for nothing on ours). Returns whether bytes moved after the raise: then look
+        again instead of sleeping, since the peer may have moved before it saw the word."""
+        raised = False
+        for p in self.local:
+            if p not in self.flagged and (self.sends[p] or self.unread[p]):
+                self.outbox[p].words[WAITS] = 1
+                self.flagged.add(p)
+                raised = True
+        if not raised:
+            return False
+        _fence()
+        return self._progress()
 
     def _waited_peers(self):
         return [p for p in self.local if self._moving(p) or self.unread[p]]
