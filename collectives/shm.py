@@ -57,7 +57,8 @@ Moving a message of S bytes from rank a to rank b (a's mailbox in b's inbox):
    rings b's doorbell (writes one byte to b's FIFO);
 3. b, woken (or finding it while polling), reads the header, matches it to its first
    posted receive from a with that tag, copies what has arrived into the tensor,
-   advances ``tail``, and rings a's doorbell: room again;
+   advances ``tail``, and rings a's doorbell if a sleeps waiting for room (a raised a
+   flag in the mailbox before it slept; a receiver rings no sender that does not wait);
 4. steps 2-3 repeat until all S bytes are through: a message larger than the mailbox
    streams through it in pieces, the sender filling while the receiver drains;
 5. a's send completes when its last piece is in the mailbox (the rest is b's to read).
@@ -84,7 +85,7 @@ of 2 MiB: each of the 6 steps moves a 4 MiB chunk from rank r to r+1. At 4 MiB i
 read directly: r writes a 64-byte record into the r -> r+1 mailbox and rings; r+1 copies
 the chunk out of r's tensor once (then reduces it, in the first 3 steps) and rings back:
 2 doorbell rings and one copy per chunk. With direct reads off, each chunk streams through
-the mailbox in 3 pieces, every byte copied twice, with up to 6 rings each way; the rings
+the mailbox in 3 pieces, every byte copied twice, with 5 rings (3 forward, 2 back); the rings
 cost a few microseconds each, against ~1 ms for copying 4 MiB twice: memory bandwidth
 decides here. For a 4 KiB message the copies take ~1 us and the wake-up (a system call
 and a context switch, tens of us on a loaded machine) decides.
@@ -168,8 +169,10 @@ def cost(nbytes, capacity=DEFAULT_CAPACITY, direct_min=DIRECT_MIN):
     Returns:
         dict: ``copies`` (2 through the mailbox: into it, out of it; 1 read directly),
         ``bytes_copied`` (copies x nbytes), ``pieces`` (how many times it passes through
-        the ring: the doorbell rings each way at most; 1 read directly: only its record
-        passes), ``syscalls`` (one doorbell write per piece each way, and the direct read).
+        the ring; 1 read directly: only its record passes), ``syscalls`` (a doorbell write
+        per piece to the receiver, and one back to the sender for every piece but the last,
+        which it waits for room to write; read directly: the record's ring, the read, and
+        the ring back to a sender that waits for the read).
 
     Example::
 
@@ -182,7 +185,7 @@ def cost(nbytes, capacity=DEFAULT_CAPACITY, direct_min=DIRECT_MIN):
         return {"copies": 1, "bytes_copied": nbytes, "pieces": 1, "syscalls": 3}
     slot = _round(nbytes)
     pieces = max(1, -(-(RECORD + slot) // capacity))
-    return {"copies": 2, "bytes_copied": 2 * nbytes, "pieces": pieces, "syscalls": 2 * pieces}
+    return {"copies": 2, "bytes_copied": 2 * nbytes, "pieces": pieces, "syscalls": 2 * pieces - 1}
 
 
 def _round(n):

@@ -291,6 +291,6 @@ def test_a_full_dev_shm_is_a_clear_error_on_every_rank_when_shm_is_required():
 def test_cost_counts_pieces():
     assert shm.cost(0)["pieces"] == 1
     assert shm.cost(16 << 20, capacity=2 << 20, direct_min=None) == {
-        "copies": 2, "bytes_copied": 32 << 20, "pieces": 9, "syscalls": 18}
+        "copies": 2, "bytes_copied": 32 << 20, "pieces": 9, "syscalls": 17}
     assert shm.cost(16 << 20, direct_min=1 << 20) == {"copies": 1, "bytes_copied": 16 << 20,
                                                       "pieces": 1, "syscalls": 3}

@@ -86,7 +86,7 @@ def copies():
     small, big = shm.cost(64 << 10), shm.cost(RING_BYTES // 2)   # big: one ring message at N=2
     through = shm.cost(RING_BYTES // 2, direct_min=None)
     print(f"   a 64 KiB message, through its mailbox: {small['copies']} copies per byte, "
-          f"{small['pieces']} piece, {small['syscalls']} doorbell writes")
+          f"{small['pieces']} piece, {small['syscalls']} doorbell write{'s' * (small['syscalls'] != 1)}")
     print(f"   a 4 MiB message, read from the sender's tensor: {big['copies']} copy per byte "
           f"({big['bytes_copied'] // MiB} MiB copied), {big['syscalls']} system calls")
     print(f"   the same 4 MiB through 2 MiB mailboxes (where the kernel forbids reading a peer): "
