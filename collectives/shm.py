@@ -19,12 +19,12 @@ broadcast's root here goes on to its next call without waiting for a wake-up in 
 child and one back (at 4 KiB on 4 ranks that halved the root's time per call, which the
 children's receives then decide). A rank that never receives is noticed by the ranks that
 wait for it, as on gloo, and by its sender only when the mailbox is full; a message read
-straight from the sender's memory (below) completes only when its receiver has it. Messages of one ordered pair arrive
-in the order they were sent; a receive takes the first waiting message with its tag
-(gloo matches by tag too, not by order). A message whose tag no posted receive has waits
-in the mailbox, unless a posted receive waits for a message behind it: then it is moved
-aside into a staging buffer (one more copy of its bytes) and handed to its receive when
-that is posted. A desynchronised program waits and is explained by the door's timeout.
+straight from the sender's memory (below) completes only when its receiver has it.
+Messages of one ordered pair arrive in the order they were sent; a receive takes the
+first waiting message with its tag (gloo matches by tag too, not by order). A message
+whose tag no posted receive has waits in the mailbox, unless a posted receive waits for a
+message behind it: then it is moved aside into a staging buffer (one more copy of its
+bytes) and handed to its receive when that is posted. A desynchronised program waits and is explained by the door's timeout.
 
 **Steps** (one group, set up once when its first collective runs, after the group's
 agreement; every rank of the group takes part, over the gloo group, in two small
@@ -472,7 +472,7 @@ class ShmTransport:
             if work.done_bytes < 0:
                 if free < RECORD:
                     break
-                if self.direct_min is not None and work.nbytes >= self.direct_min:
+                if self._direct(work):
                     # only the record goes through the ring: the receiver reads the bytes
                     # from this tensor, which the work holds until the receiver is done
                     box.put_record(head, work.tag, work.nbytes, work.addr)
@@ -490,7 +490,7 @@ class ShmTransport:
                 break
             queue.popleft()
             work.end = head
-            if work.nbytes >= (self.direct_min or float("inf")):
+            if self._direct(work):
                 # read from our tensor: done once the receiver's tail has passed its record
                 self.unread[peer].append(work)
             else:
@@ -499,6 +499,11 @@ class ShmTransport:
             box.words[0] = head      # publish: the payload above is written before this store
             self.head[peer] = head
         return moved
+
+    def _direct(self, work):
+        """Whether a send is read straight from its tensor (one condition for both the record
+        that says so and the completion that must then wait for the reader)."""
+        return self.direct_min is not None and work.nbytes >= self.direct_min
 
     def _taken(self, peer):
         """Complete the sends whose bytes the receiver has copied out (its tail passed their end)."""
