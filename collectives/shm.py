@@ -24,7 +24,8 @@ Messages of one ordered pair arrive in the order they were sent; a receive takes
 first waiting message with its tag (gloo matches by tag too, not by order). A message
 whose tag no posted receive has waits in the mailbox, unless a posted receive waits for a
 message behind it: then it is moved aside into a staging buffer (one more copy of its
-bytes) and handed to its receive when that is posted. A desynchronised program waits and is explained by the door's timeout.
+bytes) and handed to its receive when that is posted. A desynchronised program waits and
+is explained by the door's timeout.
 
 **Steps** (one group, set up once when its first collective runs, after the group's
 agreement; every rank of the group takes part, over the gloo group, in two small
@@ -444,7 +445,7 @@ class ShmTransport:
                 moved = True       # a waiting thread of this rank may sleep on that send
             if self.sends[peer]:
                 rang |= self._push(peer)
-            if self.flagged and peer in self.flagged and not (self.sends[peer] or self.unread[peer]):
+            if peer in self.flagged and not (self.sends[peer] or self.unread[peer]):
                 self.outbox[peer].words[WAITS] = 0      # nothing of ours waits on that peer now
                 self.flagged.discard(peer)
             if self.staged[peer] and self.recvs[peer] and self._match_staged(peer):

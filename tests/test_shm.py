@@ -100,9 +100,9 @@ def test_dtypes_and_messages_in_send_order():
 
 
 def eager_below_the_mailbox(rank, n):
-    """Rank 1 posts its receives only 2 s after a barrier. Rank 0's send that fits the mailbox is done
-    at once (MPI's eager protocol); one larger than the mailbox waits for room, and one read
-    straight from its tensor waits for the reader: both only after rank 1 has begun."""
+    """Rank 1 posts its receives only 2 s after a barrier. Rank 0's send that fits the mailbox
+    is done at once (MPI's eager protocol); one larger than the mailbox waits for room, and one
+    read straight from its tensor waits for the reader: both only after rank 1 has begun."""
     t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=4096, direct_min=8192)
     sizes = {"fits": 100, "streams": 1500, "direct": 4096}     # float32: 400 B, 6000 B, 16 KiB
     dist.barrier()      # both clocks start together, to within the barrier's skew
