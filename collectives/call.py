@@ -21,6 +21,7 @@ through here: there is no second path to the algorithms.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
@@ -259,8 +260,8 @@ def run(call: CallState, algo: str, body, async_op: bool, nbytes: int, local=Non
 
     # the flight recorder's entry: scheduled now, started and completed on the lane
     entry = flight_recorder.record(info, door_name or collective, algo or "automatic",
-                                   desync.describe(door_name or collective, algo, fields), fields,
-                                   None if peers is None else tuple(peers), call.timeout)
+                                   functools.partial(desync.describe, door_name or collective, algo, fields),
+                                   fields, None if peers is None else tuple(peers), call.timeout)
     flight_recorder.arm(info.store)
 
     def door(seq, name, algorithm, description):

@@ -38,8 +38,28 @@ VARIABLES = {
 }
 
 
+# ``os.environ`` keeps its variables in ``_data``, keyed by the encoded name: read there, a
+# lookup costs 0.1 us instead of 2 (``os.environ.get`` encodes the name on every call), and a
+# call reads about six settings. ``os.environ[...] = ...``, ``del`` and ``putenv`` through it
+# all write ``_data``, so nothing is missed. Elsewhere (no ``_data``) the plain lookup.
+_DATA = getattr(os.environ, "_data", None)
+_ENCODE = getattr(os.environ, "encodekey", None)
+_DECODE = getattr(os.environ, "decodevalue", None)
+if not (isinstance(_DATA, dict) and callable(_ENCODE) and callable(_DECODE)):
+    _DATA = None
+_KEYS = {}
+
+
 def _raw(name):
-    value = os.environ.get(name)
+    if _DATA is None:
+        value = os.environ.get(name)
+    else:
+        key = _KEYS.get(name)
+        if key is None:
+            key = _KEYS[name] = _ENCODE(name)
+        value = _DATA.get(key)
+        if value is not None:
+            value = _DECODE(value)
     return value if value is not None and value.strip() else None
 
 
