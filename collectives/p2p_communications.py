@@ -313,7 +313,7 @@ class Comm(Door):
         self.involved = tuple(range(info.size)) if involved is None else tuple(involved)
         self.lane = lane or info.key
         self.description = description or f"{collective}(algorithm={algorithm})"
-        # read once per call, not per message (an environment lookup costs ~2 us)
+        # read once per call, not per message
         self.timeout = settings.timeout_seconds() if timeout is None else timeout
         self.verbose = settings.verbose()
         self.backend = info.backend

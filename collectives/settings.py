@@ -6,8 +6,8 @@ launcher can change the environment between calls), checks the value, and raises
 lists them with their defaults and meaning; README's table of variables is
 checked against it (``tests/test_layers.py``).
 
-Callers that run per message read a setting once per call, not per message: an
-environment lookup costs about 2 us.
+Callers that run per message read a setting once per call, not per message. A lookup reads
+``os.environ``'s own dictionary (0.1-0.3 us; ``os.environ.get`` encodes the name first, 2 us).
 """
 import math
 import os
