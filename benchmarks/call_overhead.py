@@ -64,6 +64,9 @@ class _DryComm(Comm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.group = _NoNetwork()
+        # and no shared memory either: a door sets it up at its first message and then sends
+        # through it to the peers on this host, which would time the network after all
+        self._shm_pending = False
 
 
 def _spin(seconds):

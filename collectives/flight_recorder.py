@@ -68,11 +68,16 @@ _OURS = {}        # file name -> whether it is this package's: a memo, a few ent
 
 
 def _frames(limit=16):
-    """The Python frames that issued the call, innermost first, without this package's own.
+    """The Python frames that issued the call, innermost first, without this package's own:
+    ``(code, last instruction)`` pairs, which :func:`_line` turns into line numbers when the
+    entry is read.
 
     Walked by hand: ``traceback.extract_stack`` reads every frame's source line (a ``stat``
     per file to check linecache) and cost ~260 us per call here, more than a 4 KiB
-    all_reduce's own messages; torch's recorder keeps frames, not lines, too.
+    all_reduce's own messages. Even ``frame.f_lineno`` cost ~20 us a call in a launcher's
+    rank (it decodes the function's line table up to the instruction, per frame); the
+    instruction's offset is free. torch's recorder keeps frames unsymbolised for the same
+    reason.
     """
     out = []
     frame = sys._getframe(1)
@@ -82,10 +87,18 @@ def _frames(limit=16):
         if ours is None:
             ours = _OURS[code.co_filename] = os.path.abspath(code.co_filename).startswith(_HERE)
         if not ours:
-            # a tuple now, torch's dict only when someone reads the entry (_public)
-            out.append((code.co_filename, frame.f_lineno or 0, code.co_name))
+            out.append((code, frame.f_lasti))
         frame = frame.f_back
     return out
+
+
+def _line(code, lasti):
+    """The line of ``code`` that its instruction at byte offset ``lasti`` belongs to."""
+    if lasti >= 0:
+        for start, end, line in code.co_lines():
+            if start <= lasti < end:
+                return line or 0
+    return code.co_firstlineno
 
 
 def _sizes(collective, fields, size):
@@ -228,7 +241,8 @@ def _public(e):
         "retired": e.state == "completed",
         "timeout_ms": int(e.timeout * 1000),
         "is_p2p": e.peers is not None,
-        "frames": [{"filename": f, "line": line, "name": name} for f, line, name in e.frames],
+        "frames": [{"filename": code.co_filename, "line": _line(code, lasti), "name": code.co_name}
+                   for code, lasti in e.frames],
         "thread_id": str(e.thread_id),
         "thread_name": e.thread_name,
         "collectives": {"algorithm": e.algorithm, "call": e.description,
