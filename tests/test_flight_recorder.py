@@ -194,3 +194,18 @@ dist.destroy_process_group()
         data = pickle.load(f)
     assert [e["state"] for e in data["entries"]] == ["completed"]
     assert data["reason"] == "SIGUSR1"
+
+
+def test_frames_are_kept_unsymbolised_and_name_the_callers_line_when_read():
+    # the entry keeps (code, instruction) per frame; the line is worked out when it is read,
+    # and must be the line of the call, not the function's first line
+    def issuing_call():
+        return flight_recorder._frames(), sys._getframe().f_lineno
+
+    frames, line = issuing_call()
+    code, lasti = frames[0]
+    assert code.co_name == "issuing_call"
+    assert flight_recorder._line(code, lasti) == line != code.co_firstlineno
+    outer, outer_lasti = frames[1]
+    assert outer.co_name == "test_frames_are_kept_unsymbolised_and_name_the_callers_line_when_read"
+    assert flight_recorder._line(outer, outer_lasti) == line + 2
