@@ -76,6 +76,11 @@ def group_info(group, where):
     elif not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"{where}: group must be a process group from "
                         f"torch.distributed.new_group(...) or None, got {type(group).__name__}")
+    if not _registered(group):
+        # torch forgets a destroyed group (and would fail deep inside, or not at all): say so
+        raise ValueError(f"{where}: this process group was destroyed "
+                         f"(torch.distributed.destroy_process_group); a call needs a live group: "
+                         f"make a new one with torch.distributed.new_group(...)")
     try:
         found = _found.get(group)
     except TypeError:            # a group that takes no weak reference: worked out each time
@@ -89,6 +94,18 @@ def group_info(group, where):
     if isinstance(found, GroupInfo):
         return found
     return GroupInfo(group, *found)
+
+
+def _registered(group):
+    """Whether torch.distributed still knows ``group`` (not destroyed): one dictionary lookup."""
+    try:
+        return group in dist.distributed_c10d._world.pg_map
+    except AttributeError:       # a private table: without it, ask the public way
+        try:
+            dist.get_process_group_ranks(group)
+            return True
+        except (KeyError, ValueError, RuntimeError):
+            return False
 
 
 def _work_out(group):

@@ -65,3 +65,21 @@ def test_roots_as_group_ranks_match_roots_as_global_ranks():
             assert got[f"gather/{way}"] == ([float(r) for r in RANKS] if rank == GLOBAL_ROOT else None)
         assert got["broadcast/torch"] == got["broadcast/group"]
         assert got["errors"] == "raised"
+
+
+def _destroyed_group_world(rank, n):
+    from tests.worlds import attempt
+    g = dist.new_group([0, 1])
+    x = torch.ones(4)
+    collectives.all_reduce(x, group=g)       # the group's record is worked out and kept
+    dist.destroy_process_group(g)
+    return {"api": attempt(lambda: collectives.all_reduce(x, group=g))[:2]}
+
+
+def test_a_call_on_a_destroyed_group_is_a_clear_error_on_every_rank():
+    # the group's record is kept once worked out: a destroyed group must not be served from it
+    # (torch's own all_reduce still runs on it, by accident: its C++ group outlives the Python
+    # tables it was removed from; ours raised a raw KeyError before the record was kept)
+    for out in run_world(_destroyed_group_world, 2):
+        kind, text = out["api"]
+        assert kind == "ValueError" and "destroyed" in text and "collectives.all_reduce" in text, out
