@@ -31,7 +31,7 @@ from . import desync, flight_recorder, observers, reduce_ops, settings, tuning
 from .algorithms import ALGORITHMS, MODULES
 from .tuning import agreed
 from .engine import engine
-from .errors import CollectiveError, CollectiveTimeout, DesyncError
+from .errors import CollectiveError, DesyncError
 from .group import group_info
 from .observers import CallRecord
 from .p2p_communications import Comm, hosts_of
