@@ -74,8 +74,8 @@ def _frames(limit=16):
 
     Walked by hand: ``traceback.extract_stack`` reads every frame's source line (a ``stat``
     per file to check linecache) and cost ~260 us per call here, more than a 4 KiB
-    all_reduce's own messages. Even ``frame.f_lineno`` cost ~20 us a call in a launcher's
-    rank (it decodes the function's line table up to the instruction, per frame); the
+    all_reduce's own messages. ``frame.f_lineno`` decodes each function's line table up to
+    the instruction: ~3 us a call for 16 frames here (6.7 against 4.0 us for the walk); the
     instruction's offset is free. torch's recorder keeps frames unsymbolised for the same
     reason.
     """

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import collectives
-from tests.worlds import run_world
+from tests.worlds import attempt, run_world
 
 RANKS = [1, 2, 3]
 GROUP_ROOT, GLOBAL_ROOT = 1, 2
@@ -68,7 +68,6 @@ def test_roots_as_group_ranks_match_roots_as_global_ranks():
 
 
 def _destroyed_group_world(rank, n):
-    from tests.worlds import attempt
     g = dist.new_group([0, 1])
     x = torch.ones(4)
     collectives.all_reduce(x, group=g)       # the group's record is worked out and kept
