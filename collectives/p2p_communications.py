@@ -31,8 +31,10 @@ both sides of a pair deadlocks on NCCL and on any transport without buffering.
 through shared memory (:mod:`collectives.shm`), the others over gloo: the group's
 agreement (:mod:`collectives.tuning.agreed`) says, once, which ranks share a host, the
 first collective call after it sets their mailboxes up (:func:`shm_transport`), and each
-message then goes the way of its peer. Nothing above
-the door sees the difference. ``COLLECTIVES_TRANSPORT`` chooses (``auto`` by default).
+message then goes the way of its peer. A point-to-point message of the program's own
+(:mod:`collectives.p2p_api`) takes them too, once both of its ends say they have them
+(:func:`p2p_transport`). Nothing above the door sees the difference.
+``COLLECTIVES_TRANSPORT`` chooses (``auto`` by default).
 
 The first message on a gloo group also takes the wake-up preemption away from
 gloo's socket threads (:func:`calm_transport_threads`): without it, a rank that
@@ -197,6 +199,47 @@ def shm_transport(comm):
         return _keep(_shm_of, _shm_of_ids, transport, found)
 
 
+# group (as _shm_of) -> {point-to-point lane: True once on shared memory, else the
+# message number from which its two ends compare next}
+_p2p_of = weakref.WeakKeyDictionary()
+_p2p_of_ids = {}
+
+
+def p2p_transport(comm, todo):
+    """The way of one point-to-point message: the group's shared memory or gloo (``(None, ())``).
+
+    Only a collective sets a group's mailboxes up (it has every rank of the group at the door),
+    and the two ends of a message may see that at different times: a receive posted on its own
+    lane can run beside the collective that sets them up, and its sender may send only after
+    that collective has ended. So the two ends of a lane (one direction and tag, numbered alike
+    on both) compare: at its first message with bytes, each tells the other in one byte over
+    gloo whether it reaches the other through the group's mailboxes, and if both do, that
+    message and every later one of the lane go through them; if not, they compare again at the
+    first message with bytes from the 2nd on, then the 4th, 8th, ...: a lane that never gets
+    there (another host, ``COLLECTIVES_TRANSPORT=gloo``, a group that never runs a collective)
+    pays for ``log2`` of its messages one small exchange each, a lane that gets there moves
+    within twice the messages it had sent. Both ends see the same messages with bytes (the
+    sizes must match), so they compare at the same ones.
+    """
+    transport, lane = comm.info.transport, comm.lane
+    with _shm_lock:
+        lanes = _kept(_p2p_of, _p2p_of_ids, transport)
+        if lanes is None:
+            lanes = _keep(_p2p_of, _p2p_of_ids, transport, {})
+        due = lanes.get(lane, 0)
+    found = _kept(_shm_of, _shm_of_ids, transport)
+    if due is True:
+        return found
+    if comm.seq < due:
+        return None, ()
+    peer = next(p for p in comm.involved if p != comm.rank)
+    ready = settings.transport() != "gloo" and found is not None and peer in found[1]
+    both = comm._compare(ready, todo[0][3]) and ready
+    with _shm_lock:
+        lanes[lane] = True if both else 2 * comm.seq + 1
+    return found if both else (None, ())
+
+
 def transport_in_use(group=None):
     """``"shm"`` if ``group``'s messages go through shared memory (to at least one peer, set
     up by a call on it), else ``"gloo"``: what ``COLLECTIVES_TRANSPORT=auto`` came to here."""
@@ -318,15 +361,16 @@ class Comm(Door):
         self.verbose = settings.verbose()
         self.backend = info.backend
         self.nccl = "nccl" in info.backend
-        # point-to-point messages stay on gloo: only a collective has every rank of the
-        # group at the door to agree on the setup (resolved at the first post, not here)
+        # which way the messages go: resolved at the first post, not here (a collective sets
+        # the group's mailboxes up there; a point-to-point message compares with its peer)
         self.shm, self.shm_peers = None, ()
-        self._shm_pending = not self.nccl and collective != "send_recv"
+        self._shm_pending = not self.nccl
         if not self.nccl:
             calm_transport_threads(self.group)
             self.group = _gloo_backend(self.group)
         # what the tags hash: the description, unless the call says what must pair instead
-        self.call_tag = call_hash(f"{seq}|{tag_text or self.description}")
+        self._tag_text = f"{seq}|{tag_text or self.description}"
+        self.call_tag = call_hash(self._tag_text)
         self.record = None    # the call's flight-recorder entry (collectives.flight_recorder)
         # per group rank, the pid of a peer on this host (the group's agreement), else None:
         # a transport that can watch a peer's process (shared memory) reads it
@@ -375,7 +419,8 @@ class Comm(Door):
         if self._shm_pending and todo:
             self._shm_pending = False
             self._step_now = step
-            self.shm, self.shm_peers = shm_transport(self)
+            self.shm, self.shm_peers = p2p_transport(self, todo) if self.collective == "send_recv" \
+                else shm_transport(self)
         if self.nccl:
             works = self._post_nccl(todo)
         else:
@@ -417,6 +462,27 @@ class Comm(Door):
             n = int(t[:4].view(torch.int32).item())
             out.append(bytes(t[4:4 + n].tolist()))
         return out
+
+    def _compare(self, ready, nbytes):
+        """Tell the other end of this point-to-point message whether this end is ``ready``
+        for shared memory and learn whether it is: one byte each way, over gloo, under a tag of
+        this message's own (:func:`p2p_transport`). Not the program's traffic: not counted; a
+        peer that never comes is reported as for the message (``nbytes``) itself."""
+        peer = next(p for p in self.involved if p != self.rank)
+        kind = "send" if self.rank == self.involved[0] else "recv"
+        mine = torch.tensor([int(ready)], dtype=torch.uint8)
+        theirs = torch.zeros(1, dtype=torch.uint8)
+        tag = (call_hash(self._tag_text + "|shm compare") << STEP_BITS) | self._step_now
+        start = time.time()
+        try:
+            entries = [(self.group.recv([theirs], peer, tag), kind, peer, nbytes),
+                       (self.group.send([mine], peer, tag), kind, peer, nbytes)]
+        except Exception as exc:
+            raise self._failure(self._message(self._step_now, kind, peer, nbytes, start), peer, exc) from exc
+        pending = Pending(self, self._step_now, entries, start)
+        pending.report = False
+        pending.wait()
+        return bool(theirs.item())
 
     def _post_nccl(self, todo):
         """NCCL pairs messages by order, not tag, and wants them batched (``batch_isend_irecv``)."""

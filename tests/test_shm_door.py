@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import collectives
-from collectives import settings, shm
+from collectives import p2p_api, settings, shm
 from collectives.tuning import agreed
 from tests.test_shm import survivor_of_sigkill
 from tests.worlds import run_world
@@ -245,3 +245,63 @@ def test_algorithms_that_post_ahead_complete_across_two_transports(n):
     numel = 4 * shm.DEFAULT_CAPACITY // 4 * n          # several mailboxes' worth per rank
     env = {**SHM, "COLLECTIVES_TIMEOUT": "30", "LOCAL_WORLD_SIZE": str(n // 2)}
     assert run_world(hierarchical_on_two_hosts, n, numel, env=env, timeout=200) == [[]] * n
+
+
+def point_to_point_on_shared_memory(rank, n):
+    sent_here = []
+    real = shm.ShmTransport.send
+
+    def counting(self, tensors, peer, tag):
+        sent_here.append(tensors[0].nbytes)
+        return real(self, tensors, peer, tag)
+    shm.ShmTransport.send = counting
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    wrong = []
+
+    def ring(tag):
+        # 0 elements (no message), 1, 1,000, more than one mailbox holds (streams in pieces)
+        for numel in (0, 1, 1000, shm.DEFAULT_CAPACITY // 4 + 1000):
+            out = torch.arange(numel, dtype=torch.float32) + 1000 * rank
+            got = torch.empty(numel)
+            for work in [p2p_api.isend(out, nxt, tag=tag), p2p_api.irecv(got, prv, tag=tag)]:
+                work.wait()
+            if not torch.equal(got, torch.arange(numel, dtype=torch.float32) + 1000 * prv):
+                wrong.append((tag, numel))
+
+    ring(tag=1)             # no collective yet, so no mailboxes: every message over gloo
+    before = len(sent_here)
+    early = torch.empty(3)
+    if rank == 1:           # posted before the group's mailboxes exist, its sender sends after: gloo
+        waiting = p2p_api.irecv(early, 0, tag=3)
+    collectives.all_reduce(torch.ones(1))       # the group's agreement and mailboxes
+    setup = len(sent_here)
+    if rank == 0:
+        p2p_api.send(torch.tensor([7.0, 8.0, 9.0]), 1, tag=3)
+    if rank == 1:
+        waiting.wait()
+        if early.tolist() != [7.0, 8.0, 9.0]:
+            wrong.append(("early", early.tolist()))
+    ring(tag=2)             # a new lane: its two ends compare at its first message with bytes
+    new_lane = len(sent_here) - setup
+    ring(tag=1)             # the first lane's 5th-8th messages
+    old_lane = len(sent_here) - setup - new_lane
+    with collectives.count_traffic() as counted:
+        ring(tag=4)
+    sizes = 4 * (1 + 1000 + shm.DEFAULT_CAPACITY // 4 + 1000)
+    return wrong, before, new_lane, old_lane, counted.sent_bytes, sizes
+
+
+def test_point_to_point_messages_take_shared_memory_once_the_group_has_it():
+    # Both ends of a direction must pick the same transport for each message, though one end
+    # may set the group's mailboxes up before the other looks: they compare (one byte each way
+    # over gloo) at the first message with bytes of a lane and, while not both ready, again at
+    # its 2nd, 4th, 8th, ... message, and move to shared memory together.
+    for wrong, before, new_lane, old_lane, sent, sizes in run_world(
+            point_to_point_on_shared_memory, 3, env={**SHM, "COLLECTIVES_TIMEOUT": "60"}, timeout=200):
+        assert wrong == []
+        assert before == 0            # no mailboxes before the group's first collective
+        assert new_lane == 3          # the three messages with bytes, all through shared memory
+        # tag 1 compared at its 2nd and 4th messages (1st empty), before the collective, and
+        # at its 8th, after it: from there on shared memory
+        assert old_lane == 1
+        assert sent == sizes          # the comparisons are not the program's traffic
