@@ -49,7 +49,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import p2p_api
+from .. import api, p2p_api
 from ..group import group_info
 
 
@@ -154,6 +154,17 @@ def bubble_fraction(p, m):
     return (p - 1) / (m + p - 1)
 
 
+def meet(group):
+    """Every stage of ``group`` at once, before any activation moves: one barrier.
+
+    Its point is the group's first collective: the group agrees (hosts, tables) and stages on
+    one host set their shared memory up there, which a point-to-point message only takes once
+    a collective has made it (:func:`collectives.p2p_communications.p2p_transport`). Without
+    it a pipeline's activations and gradients would go over gloo for its whole life.
+    """
+    api.barrier(group)
+
+
 class PipelineStage:
     """This rank's stage of a pipeline: its layers, and its neighbours in ``group``.
 
@@ -164,7 +175,9 @@ class PipelineStage:
         module (nn.Module): This stage's layers.
         recv_shape (tuple): Shape of one micro-batch's activation arriving from the
             previous stage (not needed on the first stage).
-        group (ProcessGroup, optional): The stages, in order; None for the world.
+        group (ProcessGroup, optional): The stages, in order; None for the world. Every
+            stage constructs its own at the same point: construction is collective (one
+            barrier on ``group``, :func:`meet`).
         dtype (torch.dtype): dtype of the activations between stages.
 
     Example::
@@ -188,6 +201,7 @@ class PipelineStage:
         self.recv_shape = tuple(recv_shape) if recv_shape is not None else None
         self.spans = []          # (global rank, "F3", start, end) of the last step: for timelines
         self.peak_held = 0       # most micro-batches whose activations this stage held at once
+        meet(group)              # every stage constructs its own: collective, like torch's
 
     def forward(self, i, m, micro_batches, targets, loss_fn, sends):
         """Micro-batch ``i``'s forward: its input (received, but on the first stage), this stage's

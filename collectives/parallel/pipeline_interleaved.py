@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from .. import p2p_api
 from ..group import group_info
-from .pipeline import ACTIVATION, GRADIENT, HEADER_BYTES, check_step
+from .pipeline import ACTIVATION, GRADIENT, HEADER_BYTES, check_step, meet
 
 
 def bubble_fraction(p, m, v):
@@ -132,6 +132,7 @@ class InterleavedStage:
         self.recv_shape = tuple(recv_shape)
         self.spans = []           # (global rank, "F3.1" (micro 3, chunk 1), start, end): for timelines
         self.peak_held = 0
+        meet(group)
 
     def step(self, m, micro_batches=None, targets=None, loss_fn=None):
         """Forward and backward of every micro-batch through this rank's chunks.
