@@ -9,6 +9,8 @@ elsewhere on the machine hits all alike):
   messages through shared memory or through gloo (``COLLECTIVES_TRANSPORT`` switched
   between the calls: the door reads it for every call);
 * ``ring/shm``, ``ring/gloo``: the ring, both ways;
+* ``p2p/shm``, ``p2p/gloo``: point to point through the API (``collectives.p2p_api``):
+  every rank ``isend``\ s the size to its right and ``irecv``\ s it from its left, both ways;
 * ``copy_``: one ``dst.copy_(src)`` of the size on rank 0 alone (the others wait at the
   next barrier): what one core's memory bandwidth allows, the ceiling of any transport
   that copies each byte.
@@ -31,8 +33,10 @@ import torch.distributed as dist
 
 import collectives
 from benchmarks import common
+from collectives import p2p_api
 
-CANDIDATES = ("built-in", "default/shm", "default/gloo", "ring/shm", "ring/gloo", "copy_")
+CANDIDATES = ("built-in", "default/shm", "default/gloo", "ring/shm", "ring/gloo", "p2p/shm", "p2p/gloo",
+              "copy_")
 
 
 def _on(transport, fn):
@@ -42,18 +46,29 @@ def _on(transport, fn):
     return call
 
 
+def _shift(x, got, rank, n):
+    """Send ``x`` to the right, receive ``got`` from the left, through the public API."""
+    def call():
+        works = [p2p_api.isend(x, (rank + 1) % n), p2p_api.irecv(got, (rank - 1) % n)]
+        for work in works:
+            work.wait()
+    return call
+
+
 def worker(args, rank, n, device):
     rows = []
     for size in args.sizes:
         numel = max(1, size // 4)
         x = torch.full((numel,), float(rank + 1))
-        src, dst = torch.ones(numel), torch.empty(numel)
+        src, dst, got = torch.ones(numel), torch.empty(numel), torch.empty(numel)
         cands = {
             "built-in": lambda: dist.all_reduce(x),
             "default/shm": _on("auto", lambda: collectives.all_reduce(x)),
             "default/gloo": _on("gloo", lambda: collectives.all_reduce(x)),
             "ring/shm": _on("auto", lambda: collectives.all_reduce(x, algorithm="ring")),
             "ring/gloo": _on("gloo", lambda: collectives.all_reduce(x, algorithm="ring")),
+            "p2p/shm": _on("auto", _shift(x, got, rank, n)),
+            "p2p/gloo": _on("gloo", _shift(x, got, rank, n)),
             "copy_": (lambda: dst.copy_(src)) if rank == 0 else (lambda: None),
         }
         if n == 1:
@@ -77,6 +92,7 @@ def worker(args, rank, n, device):
             row["ring/shm x busbw of built-in"] = round(common.paired_ratio(wall["built-in"], wall["ring/shm"]), 3)
             row["default/shm x busbw of built-in"] = round(
                 common.paired_ratio(wall["built-in"], wall["default/shm"]), 3)
+            row["p2p/shm / p2p/gloo time"] = round(common.paired_ratio(wall["p2p/shm"], wall["p2p/gloo"]), 3)
             row["ring/shm of copy_"] = round(
                 common.paired_ratio(wall["copy_"], wall["ring/shm"]) * factor, 3)
         rows.append(row)
@@ -91,6 +107,7 @@ COLUMNS = [("bytes", "bytes", "{:>10}"), ("built-in busbw", "bi GB/s", "{:>8.2f}
            ("default/shm / default/gloo time", "shm/gl t", "{:>8.2f}"),
            ("default/shm x busbw of built-in", "def x bi", "{:>8.2f}"),
            ("ring/shm x busbw of built-in", "ring x bi", "{:>9.2f}"),
+           ("p2p/shm / p2p/gloo time", "p2p shm/gl", "{:>10.2f}"),
            ("ring/shm of copy_", "ring/copy", "{:>9.2f}")]
 
 

@@ -285,10 +285,15 @@ def point_to_point_on_shared_memory(rank, n):
     new_lane = len(sent_here) - setup
     ring(tag=1)             # the first lane's 5th-8th messages
     old_lane = len(sent_here) - setup - new_lane
+    os.environ["COLLECTIVES_TRANSPORT"] = "gloo"     # read at every message, as by a collective
+    mark = len(sent_here)
+    ring(tag=2)
+    told_gloo = len(sent_here) - mark
+    os.environ["COLLECTIVES_TRANSPORT"] = "shm"
     with collectives.count_traffic() as counted:
         ring(tag=4)
     sizes = 4 * (1 + 1000 + shm.DEFAULT_CAPACITY // 4 + 1000)
-    return wrong, before, new_lane, old_lane, counted.sent_bytes, sizes
+    return wrong, before, new_lane, old_lane, told_gloo, counted.sent_bytes, sizes
 
 
 def test_point_to_point_messages_take_shared_memory_once_the_group_has_it():
@@ -296,7 +301,7 @@ def test_point_to_point_messages_take_shared_memory_once_the_group_has_it():
     # may set the group's mailboxes up before the other looks: they compare (one byte each way
     # over gloo) at the first message with bytes of a lane and, while not both ready, again at
     # its 2nd, 4th, 8th, ... message, and move to shared memory together.
-    for wrong, before, new_lane, old_lane, sent, sizes in run_world(
+    for wrong, before, new_lane, old_lane, told_gloo, sent, sizes in run_world(
             point_to_point_on_shared_memory, 3, env={**SHM, "COLLECTIVES_TIMEOUT": "60"}, timeout=200):
         assert wrong == []
         assert before == 0            # no mailboxes before the group's first collective
@@ -304,4 +309,5 @@ def test_point_to_point_messages_take_shared_memory_once_the_group_has_it():
         # tag 1 compared at its 2nd and 4th messages (1st empty), before the collective, and
         # at its 8th, after it: from there on shared memory
         assert old_lane == 1
+        assert told_gloo == 0         # COLLECTIVES_TRANSPORT=gloo: a lane on shared memory leaves it
         assert sent == sizes          # the comparisons are not the program's traffic
