@@ -27,6 +27,7 @@ Example::
         print(n, times)
 """
 import argparse
+import contextlib
 import csv
 import datetime
 import json
@@ -355,6 +356,64 @@ class Progress:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.close()
+
+
+# ---------------------------------------------------------------- other work on the machine
+
+def machine_cpu_seconds():
+    """CPU seconds every process on this machine has used since boot, all cores together
+    (``/proc/stat``: user, nice, system, irq, softirq; not idle, iowait or a hypervisor's
+    steal), or None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherWork:
+    """The share of the machine's CPU that *other* processes used while a measurement ran.
+
+    Timings taken beside other work say what wins beside that work: fewer wake-ups win when
+    the cores are taken, and the quiet machine may rank the algorithms the other way. The
+    rounds' own noise does not reveal it (the load slows every candidate alike, round after
+    round), so the tune measures it: the machine's busy CPU over the measurement, less what
+    the measuring processes used themselves, over all of its cores' time.
+
+    ``stop(own_seconds)``: the CPU the measuring processes used (the tune sums its ranks');
+    default: this process's. Sets and returns ``share`` (0 to 1), or None without ``/proc/stat``.
+    """
+
+    def __init__(self):
+        self.machine = machine_cpu_seconds()
+        self.own = time.process_time()
+        self.wall = time.monotonic()
+        self.share = None
+
+    def own_seconds(self):
+        """CPU this process has used since the start (every thread of it)."""
+        return time.process_time() - self.own
+
+    def stop(self, own_seconds=None):
+        machine = machine_cpu_seconds()
+        if machine is None or self.machine is None:
+            return None
+        own = self.own_seconds() if own_seconds is None else own_seconds
+        cores_time = (time.monotonic() - self.wall) * (os.cpu_count() or 1)
+        self.share = min(max((machine - self.machine - own) / cores_time, 0.0), 1.0) if cores_time > 0 else 0.0
+        return self.share
+
+
+@contextlib.contextmanager
+def other_work():
+    """``with other_work() as seen: ...``, then ``seen.share`` (:class:`OtherWork`)."""
+    seen = OtherWork()
+    try:
+        yield seen
+    finally:
+        seen.stop()
 
 
 # ---------------------------------------------------------------- reports

@@ -24,7 +24,9 @@ In each world it
    first is the noise, and another algorithm replaces the untuned one only where it beat
    it round by round by more than that noise (``collectives.tuning.tables.decide_from_rows``);
    a table tuned on a busy machine cannot make a point slower than the untuned choice by
-   more than the noise it measured;
+   more than the noise it measured; and where other processes used more than a quarter of
+   the machine's CPU while a world was measured (``benchmarks.common.OtherWork``), none does
+   and its fitted model is not written: beside other work the rounds say what wins beside it;
 4. measures the sizes coarse to fine (both ends first, then the middles,
    :func:`coarse_to_fine`) and stops when its share of ``--budget`` seconds is
    spent (shares grow with the world size, :func:`budget_share`); a size left
@@ -111,6 +113,8 @@ def _over_budget(deadline):
 
 
 def _worker(args, rank, n, device):
+    dist.barrier()
+    watch = common.OtherWork()     # what else ran on the machine meanwhile
     start = time.monotonic()
     deadline = start + budget_share(args.budget, n, args.world_size)
     p2p = pingpong.measure(rank, n, device, P2P_SIZES, iters=args.iters, warmup=args.warmup_iters)
@@ -141,8 +145,19 @@ def _worker(args, rank, n, device):
     calls = cost_model.fit_calls(rows)
     if calls is not None:
         params = dict(params, calls=calls)
-    return {"p2p": p2p, "model": params, "rows": rows, "skipped": skipped,
+    own = torch.tensor([watch.own_seconds()], dtype=torch.float64)
+    dist.all_reduce(own)           # the ranks' own CPU is not other work
+    others = watch.stop(own.item())
+    for r in rows:
+        r["others_cpu"] = others
+    return {"p2p": p2p, "model": params, "rows": rows, "skipped": skipped, "others_cpu": others,
             "seconds": time.monotonic() - start, "transport": p2p_communications.transport_in_use()}
+
+
+def _busy(res):
+    """True where other processes used more than ``BUSY_SHARE`` of the CPU while measuring."""
+    others = res.get("others_cpu")
+    return others is not None and others > tuning.tables.BUSY_SHARE
 
 
 def build_parser():
@@ -191,6 +206,11 @@ def report(results, rows, path, seconds, file=None):
               + (f"; {len(res['skipped'])} point(s) over budget: each takes the nearer measured size's choice"
                  if res["skipped"] else ""),
               file=file)
+        if _busy(res):
+            print(f"# N={n}: other processes used {res['others_cpu']:.0%} of this machine's CPU while it was "
+                  f"measured: every point keeps its untuned choice and the fitted model is not written "
+                  f"(timings beside other work say what wins beside it, not on the quiet machine); tune "
+                  f"again when the machine is quiet", file=file)
     best, evidence = tuning.tables.decide_from_rows(rows)
     for collective, by_n in best.items():
         for n, points in sorted(by_n.items(), key=lambda kv: int(kv[0])):
@@ -214,7 +234,9 @@ def main(argv=None):
     # what the door used (shm or gloo), not the setting (auto): the table's timings hold for that
     meta["transport"] = ",".join(sorted({res["transport"] for _, res in results}))
     rows = [r for _, res in results for r in res["rows"]]
-    model = {n: res["model"] for n, res in results}
+    # a model fitted beside other work would price every collective the tune did not time
+    # by that work's delays (alpha of milliseconds): kept out of the table, as the choices are
+    model = {n: res["model"] for n, res in results if not _busy(res)}
     path = args.table or tuning.cache_path()
     tuning.write_table(path, rows, model, dict(meta, seconds=round(time.monotonic() - started, 1)))
     common.write_rows(args.out, "tune", rows, dict(meta, model=model, table=path))

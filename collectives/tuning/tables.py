@@ -217,6 +217,9 @@ def best_from_rows(rows):
 
 
 UNTUNED, UNTUNED_AGAIN = "untuned", "untuned_again"
+# Above this share of the machine's CPU used by other processes while tuning, a point keeps
+# its untuned choice (rows' "others_cpu", benchmarks.common.OtherWork).
+BUSY_SHARE = 0.25
 
 
 def _quantile(xs, q):
@@ -238,6 +241,11 @@ def decide_from_rows(rows):
     below 1, where ``noise`` is the larger of the self ratio's distance from 1 and its
     interquartile spread. Elsewhere the untuned choice stays, so a table tuned on a busy
     machine cannot make a point slower than the untuned choice by more than the noise.
+    And where other processes used more than ``BUSY_SHARE`` of the machine's CPU while the
+    point was measured (the rows' ``others_cpu``), the untuned choice stays whatever the
+    rounds say: beside other work they measure that work's effect (an algorithm with fewer
+    wake-ups wins while the cores are taken), which the self-against-self noise cannot see,
+    since the load slows both copies alike.
     Points without the untuned rows (an older benchmark's) fall back to
     :func:`best_from_rows`.
     """
@@ -255,8 +263,11 @@ def decide_from_rows(rows):
         noise = max(abs(1 - _quantile(self_ratio, 0.5)),
                     _quantile(self_ratio, 0.75) - _quantile(self_ratio, 0.25)) if self_ratio else 1.0
         best, best_ratio = base["untuned_algorithm"], 1.0
+        others = base.get("others_cpu")
+        busy = others is not None and others > BUSY_SHARE
         for label, r in by_label.items():
-            if label in (UNTUNED, UNTUNED_AGAIN) or label not in ALGORITHMS[collective] or not r.get("samples_us"):
+            if busy or label in (UNTUNED, UNTUNED_AGAIN) or label not in ALGORITHMS[collective] or \
+                    not r.get("samples_us"):
                 continue
             ratio = [x / y for x, y in zip(r["samples_us"], b) if y > 0]
             if not ratio:
@@ -266,7 +277,8 @@ def decide_from_rows(rows):
                 best, best_ratio = label, median
         evidence.append({"collective": collective, "world_size": n, "size": size,
                          "untuned": base["untuned_algorithm"], "chosen": best,
-                         "ratio": round(best_ratio, 4), "noise": round(noise, 4)})
+                         "ratio": round(best_ratio, 4), "noise": round(noise, 4),
+                         **({"others_cpu": round(others, 3)} if others is not None else {})})
         out.setdefault(collective, {}).setdefault(str(n), []).append([size, best])
     for collective, by_n in best_from_rows(legacy).items():
         for n, pts in by_n.items():
