@@ -311,3 +311,34 @@ def test_point_to_point_messages_take_shared_memory_once_the_group_has_it():
         assert old_lane == 1
         assert told_gloo == 0         # COLLECTIVES_TRANSPORT=gloo: a lane on shared memory leaves it
         assert sent == sizes          # the comparisons are not the program's traffic
+
+
+def pipeline_on_shared_memory(rank, n):
+    import torch.nn as nn
+    from collectives.parallel.pipeline import PipelineStage
+    through_shm = []
+    real = shm.ShmTransport.send
+
+    def counting(self, tensors, peer, tag):
+        through_shm.append(tensors[0].nbytes)
+        return real(self, tensors, peer, tag)
+    shm.ShmTransport.send = counting
+    torch.manual_seed(0)
+    stage = PipelineStage(nn.Linear(16, 16), recv_shape=(4, 16))     # its barrier sets the mailboxes up
+    m = 4
+    x, t = [torch.randn(4, 16) for _ in range(m)], [torch.randn(4, 16) for _ in range(m)]
+    counts = []
+    for _ in range(2):
+        before = len(through_shm)
+        with collectives.count_traffic() as counted:
+            stage.step(m, x if stage.first else None, t if stage.last else None, nn.functional.mse_loss)
+        counts.append((len(through_shm) - before, counted.sent_messages))
+    return counts
+
+
+def test_a_pipelines_activations_and_gradients_take_shared_memory():
+    # every message a stage sends in a step (activations, gradients, the step's check headers)
+    # goes through the group's mailboxes: its lanes compare at their first message and find
+    # them, made by the barrier of the stages' construction
+    for counts in run_world(pipeline_on_shared_memory, 3, env=SHM, timeout=200):
+        assert all(on_shm == sent and sent > 0 for on_shm, sent in counts)
