@@ -342,3 +342,32 @@ def test_a_pipelines_activations_and_gradients_take_shared_memory():
     # them, made by the barrier of the stages' construction
     for counts in run_world(pipeline_on_shared_memory, 3, env=SHM, timeout=200):
         assert all(on_shm == sent and sent > 0 for on_shm, sent in counts)
+
+
+def killed_mid_point_to_point(rank, n):
+    collectives.all_reduce(torch.ones(4))                 # the group's mailboxes
+    p2p_api.send(torch.ones(4), 0, tag=9) if rank == 1 else p2p_api.recv(torch.empty(4), 1, tag=9)
+    # a mailbox and a half (below the direct reads' 4 MiB): it streams through the mailbox
+    big = torch.ones(3 * shm.DEFAULT_CAPACITY // 2 // 4)
+    if rank == 1:                                         # the lane is on shared memory now
+        p2p_api.isend(big, 0, tag=9)
+        time.sleep(0.3)                                   # a mailbox full, the rest waits for room
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.6)                                       # rank 1 is gone by the time we read
+    start = time.monotonic()
+    try:
+        p2p_api.recv(torch.empty_like(big), 1, tag=9)
+        text = "returned"
+    except collectives.CollectiveError as exc:
+        text = str(exc)
+    return time.monotonic() - start, text
+
+
+def test_a_rank_killed_mid_point_to_point_is_named_well_within_the_timeout():
+    os.environ["COLLECTIVES_TRANSPORT"] = "shm"           # the spawned ranks inherit it
+    try:
+        elapsed, text = survivor_of_sigkill(killed_mid_point_to_point, 2)
+    finally:
+        del os.environ["COLLECTIVES_TRANSPORT"]
+    assert elapsed < 10, (elapsed, text)                  # COLLECTIVES_TIMEOUT is 300 here
+    assert "rank 1 of the group [0, 1] died" in text and "send_recv" in text, text
