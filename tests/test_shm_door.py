@@ -247,14 +247,20 @@ def test_algorithms_that_post_ahead_complete_across_two_transports(n):
     assert run_world(hierarchical_on_two_hosts, n, numel, env=env, timeout=200) == [[]] * n
 
 
-def point_to_point_on_shared_memory(rank, n):
-    sent_here = []
+def count_shm_sends():
+    """Count the messages this process sends through shared memory (their sizes, in order)."""
     real = shm.ShmTransport.send
+    sent = []
 
     def counting(self, tensors, peer, tag):
-        sent_here.append(tensors[0].nbytes)
+        sent.append(tensors[0].nbytes)
         return real(self, tensors, peer, tag)
     shm.ShmTransport.send = counting
+    return sent
+
+
+def point_to_point_on_shared_memory(rank, n):
+    sent_here = count_shm_sends()
     nxt, prv = (rank + 1) % n, (rank - 1) % n
     wrong = []
 
@@ -316,13 +322,7 @@ def test_point_to_point_messages_take_shared_memory_once_the_group_has_it():
 def pipeline_on_shared_memory(rank, n):
     import torch.nn as nn
     from collectives.parallel.pipeline import PipelineStage
-    through_shm = []
-    real = shm.ShmTransport.send
-
-    def counting(self, tensors, peer, tag):
-        through_shm.append(tensors[0].nbytes)
-        return real(self, tensors, peer, tag)
-    shm.ShmTransport.send = counting
+    through_shm = count_shm_sends()
     torch.manual_seed(0)
     stage = PipelineStage(nn.Linear(16, 16), recv_shape=(4, 16))     # its barrier sets the mailboxes up
     m = 4
