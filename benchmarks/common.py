@@ -27,7 +27,6 @@ Example::
         print(n, times)
 """
 import argparse
-import contextlib
 import csv
 import datetime
 import json
@@ -404,16 +403,6 @@ class OtherWork:
         cores_time = (time.monotonic() - self.wall) * (os.cpu_count() or 1)
         self.share = min(max((machine - self.machine - own) / cores_time, 0.0), 1.0) if cores_time > 0 else 0.0
         return self.share
-
-
-@contextlib.contextmanager
-def other_work():
-    """``with other_work() as seen: ...``, then ``seen.share`` (:class:`OtherWork`)."""
-    seen = OtherWork()
-    try:
-        yield seen
-    finally:
-        seen.stop()
 
 
 # ---------------------------------------------------------------- reports

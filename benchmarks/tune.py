@@ -154,12 +154,6 @@ def _worker(args, rank, n, device):
             "seconds": time.monotonic() - start, "transport": p2p_communications.transport_in_use()}
 
 
-def _busy(res):
-    """True where other processes used more than ``BUSY_SHARE`` of the CPU while measuring."""
-    others = res.get("others_cpu")
-    return others is not None and others > tuning.tables.BUSY_SHARE
-
-
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m benchmarks.tune",
                                 description=__doc__.split("\n")[0].replace("``", ""),
@@ -206,7 +200,7 @@ def report(results, rows, path, seconds, file=None):
               + (f"; {len(res['skipped'])} point(s) over budget: each takes the nearer measured size's choice"
                  if res["skipped"] else ""),
               file=file)
-        if _busy(res):
+        if tuning.tables.busy(res["others_cpu"]):
             print(f"# N={n}: other processes used {res['others_cpu']:.0%} of this machine's CPU while it was "
                   f"measured: every point keeps its untuned choice and the fitted model is not written "
                   f"(timings beside other work say what wins beside it, not on the quiet machine); tune "
@@ -236,7 +230,7 @@ def main(argv=None):
     rows = [r for _, res in results for r in res["rows"]]
     # a model fitted beside other work would price every collective the tune did not time
     # by that work's delays (alpha of milliseconds): kept out of the table, as the choices are
-    model = {n: res["model"] for n, res in results if not _busy(res)}
+    model = {n: res["model"] for n, res in results if not tuning.tables.busy(res["others_cpu"])}
     path = args.table or tuning.cache_path()
     tuning.write_table(path, rows, model, dict(meta, seconds=round(time.monotonic() - started, 1)))
     common.write_rows(args.out, "tune", rows, dict(meta, model=model, table=path))

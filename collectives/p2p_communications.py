@@ -240,7 +240,8 @@ def p2p_transport(comm, todo):
         return None, ()
     peer = next(p for p in comm.involved if p != comm.rank)
     ready = found is not None and peer in found[1]
-    both = comm._compare(ready, todo[0][3]) and ready
+    _, _, _, nbytes, _ = todo[0]
+    both = comm._compare(peer, ready, nbytes) and ready
     with _shm_lock:
         lanes[lane] = True if both else 2 * comm.seq + 1
     return found if both else (None, ())
@@ -451,17 +452,8 @@ class Comm(Door):
         mine[:4] = torch.tensor([len(data)], dtype=torch.int32).view(torch.uint8)
         mine[4:4 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         theirs = {p: torch.empty(SETUP_BYTES, dtype=torch.uint8) for p in range(self.size) if p != self.rank}
-        tag, start = SETUP_TAG | phase, time.time()
-        entries = []
-        for kind, p in [("recv", p) for p in theirs] + [("send", p) for p in theirs]:
-            try:
-                post = self.group.recv if kind == "recv" else self.group.send
-                entries.append((post([theirs[p] if kind == "recv" else mine], p, tag), kind, p, SETUP_BYTES))
-            except Exception as exc:
-                raise self._failure(self._message(self._step_now, kind, p, SETUP_BYTES, start), p, exc) from exc
-        pending = Pending(self, self._step_now, entries, start)
-        pending.report = False
-        pending.wait()
+        self._over_gloo(SETUP_TAG | phase, [("recv", theirs[p], p, SETUP_BYTES) for p in theirs] +
+                        [("send", mine, p, SETUP_BYTES) for p in theirs])
         out = []
         for p in range(self.size):
             t = mine if p == self.rank else theirs[p]
@@ -469,26 +461,35 @@ class Comm(Door):
             out.append(bytes(t[4:4 + n].tolist()))
         return out
 
-    def _compare(self, ready, nbytes):
-        """Tell the other end of this point-to-point message whether this end is ``ready``
-        for shared memory and learn whether it is: one byte each way, over gloo, under a tag of
-        this message's own (:func:`p2p_transport`). Not the program's traffic: not counted; a
-        peer that never comes is reported as for the message (``nbytes``) itself."""
-        peer = next(p for p in self.involved if p != self.rank)
+    def _compare(self, peer, ready, nbytes):
+        """Tell ``peer``, the other end of this point-to-point message, whether this end is
+        ``ready`` for shared memory and learn whether it is: one byte each way, over gloo, under
+        a tag of this message's own (:func:`p2p_transport`). A peer that never comes is reported
+        as for the message (``nbytes``) itself."""
         kind = "send" if self.rank == self.involved[0] else "recv"
         mine = torch.tensor([int(ready)], dtype=torch.uint8)
         theirs = torch.zeros(1, dtype=torch.uint8)
         tag = (call_hash(self._tag_text + "|shm compare") << STEP_BITS) | self._step_now
-        start = time.time()
-        try:
-            entries = [(self.group.recv([theirs], peer, tag), kind, peer, nbytes),
-                       (self.group.send([mine], peer, tag), kind, peer, nbytes)]
-        except Exception as exc:
-            raise self._failure(self._message(self._step_now, kind, peer, nbytes, start), peer, exc) from exc
+        self._over_gloo(tag, [("recv", theirs, peer, nbytes), ("send", mine, peer, nbytes)], kind)
+        return bool(theirs.item())
+
+    def _over_gloo(self, tag, posts, kind=None):
+        """Post ``[(kind, tensor, peer, nbytes)]`` on gloo under ``tag`` and wait for all: the
+        transport's own messages (the shared-memory setup, a point-to-point comparison), not
+        the algorithm's traffic, so not counted or traced. A failure is reported as a message
+        of ``nbytes`` at the step the call is at, of ``kind`` where given (the message the
+        exchange stands for), else of its own kind."""
+        start, entries = time.time(), []
+        for own_kind, tensor, peer, nbytes in posts:
+            shown = kind or own_kind
+            try:
+                post = self.group.recv if own_kind == "recv" else self.group.send
+                entries.append((post([tensor], peer, tag), shown, peer, nbytes))
+            except Exception as exc:
+                raise self._failure(self._message(self._step_now, shown, peer, nbytes, start), peer, exc) from exc
         pending = Pending(self, self._step_now, entries, start)
         pending.report = False
         pending.wait()
-        return bool(theirs.item())
 
     def _post_nccl(self, todo):
         """NCCL pairs messages by order, not tag, and wants them batched (``batch_isend_irecv``)."""

@@ -222,6 +222,12 @@ UNTUNED, UNTUNED_AGAIN = "untuned", "untuned_again"
 BUSY_SHARE = 0.25
 
 
+def busy(others_cpu):
+    """True where other processes used more than ``BUSY_SHARE`` of the machine's CPU while a
+    measurement ran (``others_cpu``: their share, or None where it was not measured)."""
+    return others_cpu is not None and others_cpu > BUSY_SHARE
+
+
 def _quantile(xs, q):
     xs = sorted(xs)
     i = q * (len(xs) - 1)
@@ -264,10 +270,9 @@ def decide_from_rows(rows):
                     _quantile(self_ratio, 0.75) - _quantile(self_ratio, 0.25)) if self_ratio else 1.0
         best, best_ratio = base["untuned_algorithm"], 1.0
         others = base.get("others_cpu")
-        busy = others is not None and others > BUSY_SHARE
-        for label, r in by_label.items():
-            if busy or label in (UNTUNED, UNTUNED_AGAIN) or label not in ALGORITHMS[collective] or \
-                    not r.get("samples_us"):
+        candidates = {} if busy(others) else by_label
+        for label, r in candidates.items():
+            if label in (UNTUNED, UNTUNED_AGAIN) or label not in ALGORITHMS[collective] or not r.get("samples_us"):
                 continue
             ratio = [x / y for x, y in zip(r["samples_us"], b) if y > 0]
             if not ratio:
