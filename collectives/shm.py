@@ -827,13 +827,21 @@ def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, di
             status = {"ok": True, "path": base, "probe": ctypes.addressof(probe)}
         except OSError as exc:
             status = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    statuses = [json.loads(b) for b in allgather(json.dumps(status).encode())]
+    def gathered(data):
+        try:
+            return allgather(data)
+        except BaseException:
+            # a peer that never came (the timeout), Ctrl-C: the names must not outlive this job
+            _unlink(made)
+            raise
+
+    statuses = [json.loads(b) for b in gathered(json.dumps(status).encode())]
     failed = {r: statuses[r]["error"] for r in host_ranks if not statuses[r]["ok"]}
     if failed:
         _unlink(made)
         if bell_r is not None:
             os.close(bell_r)
-        allgather(json.dumps({"ok": True}).encode())   # the second all-gather, which other hosts make
+        gathered(json.dumps({"ok": True}).encode())   # the second all-gather, which other hosts make
         return _fallback(failed, required, warn, directory)
     if not local:
         allgather(b"{}")
@@ -863,7 +871,7 @@ def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, di
             _probe(pids[peer], statuses[peer]["probe"]) for peer in local)
     except OSError as exc:
         opened = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    results = [json.loads(b) for b in allgather(json.dumps(opened).encode())]
+    results = [json.loads(b) for b in gathered(json.dumps(opened).encode())]
     _unlink(made)     # everyone who needs my files has them open (or gave up): the names can go
     failed = {r: results[r]["error"] for r in host_ranks if not results[r]["ok"]}
     if failed:

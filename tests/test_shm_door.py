@@ -371,3 +371,22 @@ def test_a_rank_killed_mid_point_to_point_is_named_well_within_the_timeout():
         del os.environ["COLLECTIVES_TRANSPORT"]
     assert elapsed < 10, (elapsed, text)                  # COLLECTIVES_TIMEOUT is 300 here
     assert "rank 1 of the group [0, 1] died" in text and "send_recv" in text, text
+
+
+def absent_at_setup(rank, n):
+    # the backend agreed when the group was made; its first collective sets the mailboxes up,
+    # and rank 2 never comes to it
+    if rank == 2:
+        time.sleep(10)
+        return []
+    try:
+        dist.all_reduce(torch.ones(4))
+    except Exception:
+        pass
+    return [f for f in os.listdir("/dev/shm") if f"-{os.getpid()}-" in f]
+
+
+def test_a_setup_that_times_out_leaves_no_file_behind():
+    left = run_world(absent_at_setup, 3, env={**SHM, "COLLECTIVES_TIMEOUT": "3"}, backend="collectives",
+                     timeout=120)
+    assert left == [[], [], []]
