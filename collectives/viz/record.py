@@ -146,6 +146,7 @@ def _where(tensor, bufs):
 class VizWorld(World):
     """The simulator's world, watched: each post snapshots the posting rank's buffers, each
     completed message is kept with what it carried."""
+    lazy_clock = False    # its snapshots and notes read ``now`` from the ranks' code: it must be theirs
 
     def __init__(self, fabric, real_data, mode, limit):
         super().__init__(fabric, real_data)
