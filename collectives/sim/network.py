@@ -53,8 +53,9 @@ class Network:
         # instant (a linear root's N-1 messages) are shared once, not once each
         self.dirty = {}
 
-    def start(self, links, nbytes, done, *args):
-        """Begin moving ``nbytes`` over ``links`` now; call ``done(*args)`` when the last byte lands."""
+    def start(self, links, nbytes, rate, done, *args):
+        """Begin moving ``nbytes`` over ``links`` now; call ``done(*args)`` when the last byte
+        lands. ``rate``: the smallest capacity of ``links``, the flow's rate if it is alone on them."""
         now = self.world.now
         flow = Flow(links, nbytes, (done, args))
         flow.last = now
@@ -64,12 +65,8 @@ class Network:
                 break
         else:
             # the common case (a ring on a switch): alone on every link, nobody else to slow down
-            rate = None
             for link in links:
                 active[link] = {flow: None}
-                cap = self.capacity[link]
-                if rate is None or cap < rate:
-                    rate = cap
             flow.rate = rate
             flow.version = 1
             self.world.at(now + nbytes / rate, self._finish, flow, 1)

@@ -424,6 +424,18 @@ class Fabric:
         s = self.spec
         return s["kind"] in ("nodes", "rail") and src // s["ranks_per_node"] == dst // s["ranks_per_node"]
 
+    def node_of(self, rank):
+        """``rank``'s node (where ranks share nodes), or None: same_node(a, b) is node_of(a) ==
+        node_of(b) is not None."""
+        s = self.spec
+        return rank // s["ranks_per_node"] if s["kind"] in ("nodes", "rail") else None
+
+    def least_alpha(self):
+        """A latency no route's is below (:meth:`route`: ``alpha``, inside a node
+        ``intra_alpha``, on a torus ``alpha`` plus hops)."""
+        s = self.spec
+        return float(min(s["alpha"], s.get("intra_alpha", s["alpha"])))
+
     def route(self, src, dst):
         """(link ids, alpha) of a message from ``src`` to ``dst``."""
         s = self.spec

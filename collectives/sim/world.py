@@ -178,6 +178,16 @@ class World:
         self.progress = progress
         # ranks on shared cores queue for them (``_cpu``): their work is not theirs alone
         self.lazy = self.lazy_clock and self.core_free is None
+        # a woken rank takes CPU (``wake``, a shared core) before it runs on
+        self.wake_later = self.core_free is not None or bool(fabric.wake)
+        # no message completes sooner than this after its later end was posted (``_match``'s
+        # alpha, times the smaller factor of a straggler pair, plus jitter >= 0)
+        self.least_latency = fabric.least_alpha() * (min(self.slow) if self.slow is not None else 1.0)
+        # each rank's node, where a message's o depends on it (``Fabric.overhead_of``), looked
+        # up per message: the node of a rank is worked out once
+        self.node_of = None
+        if fabric.intra_overhead is not None:
+            self.node_of = [fabric.node_of(r) for r in range(self.n)]
 
     # -- the loop ------------------------------------------------------------------
 
@@ -373,10 +383,11 @@ class World:
         n = self.n
         messages = each_message(collective, algorithm, step, sends, recvs)
         now, unmatched = self.now, self.unmatched
-        o = self.fabric.overhead
-        slow = 1.0 if self.slow is None else self.slow[rank]
-        o *= slow
-        r.debt *= slow
+        o, slow = self.fabric.overhead, 1.0
+        if self.slow is not None:     # (x * 1.0 is x: without stragglers nothing to scale)
+            slow = self.slow[rank]
+            o *= slow
+            r.debt *= slow
         # o per message where it depends on the peer (a node's own messages: intra_overhead)
         per_peer = None
         done = None
@@ -385,8 +396,11 @@ class World:
             # message, one after another, after the local work it did since its last message:
             # the i-th message is out at ``done - (o_i + ... + o_m)``, the rank busy until ``done``
             messages = list(messages)
-            if self.fabric.intra_overhead is not None:
-                per_peer = [self.fabric.overhead_of(rank, peer) * slow if peer.__class__ is int else o
+            if self.node_of is not None:
+                # Fabric.overhead_of, with the nodes looked up (a bad peer is refused below)
+                node, mine = self.node_of, self.node_of[rank]
+                intra = self.fabric.intra_overhead * slow
+                per_peer = [intra if peer.__class__ is int and 0 <= peer < n and node[peer] == mine else o
                             for _, _, peer, _ in messages]
             posting = sum(per_peer) if per_peer is not None else o * len(messages)
             seconds, r.debt = r.debt + posting, 0.0
@@ -434,22 +448,25 @@ class World:
         (:class:`collectives.viz.record.VizWorld`) keeps of them must be kept here."""
 
     def _route(self, src, dst):
-        """(links, alpha, gap, the class of each link) of a message from ``src`` to ``dst``,
-        kept: a ring asks for the same N pairs 2(N-1) times each. An all_to_all asks for N^2
-        pairs, once or twice each, so the table is emptied when it passes 8N: keeping those
-        would cost memory and save nothing."""
+        """(links, alpha, gap, the class of each link, the smallest capacity of the links: a
+        flow's rate alone on them) of a message from ``src`` to ``dst``, kept: a ring asks for
+        the same N pairs 2(N-1) times each. An all_to_all asks for N^2 pairs, once or twice
+        each, so the table is emptied when it passes 8N: keeping those would cost memory and
+        save nothing."""
         routes, fabric = self.routes, self.fabric
         if len(routes) > 8 * self.n:
             routes.clear()
         links, alpha = fabric.route(src, dst)
+        capacity = self.network.capacity
         route = routes[src * self.n + dst] = (links, alpha, fabric.gap_of(src, dst, alpha),
-                                              [fabric.classes[link] for link in links])
+                                              [fabric.classes[link] for link in links],
+                                              min(capacity[link] for link in links))
         return route
 
     def _match(self, a, b):
         send, recv = (a, b) if a.kind == "send" else (b, a)
         src, dst = send.rank, recv.rank
-        links, alpha, gap, classes = self.routes.get(src * self.n + dst) or self._route(src, dst)
+        links, alpha, gap, classes, rate = self.routes.get(src * self.n + dst) or self._route(src, dst)
         if self.slow is not None:
             factor = max(self.slow[src], self.slow[dst])
             alpha, gap = alpha * factor, gap * factor
@@ -462,7 +479,7 @@ class World:
         start = max(self.now, send.posted, recv.posted, self.send_free[src], self.recv_free[dst])
         self.send_free[src] = self.recv_free[dst] = start + gap
         heapq.heappush(self.queue, (start + alpha, next(self._seq), self.network.start,
-                                    (links, send.nbytes, self._complete, send, recv)))
+                                    (links, nbytes, rate, self._complete, send, recv)))
 
     def _saw(self, rank, i):
         """``rank`` took part in the step of index ``i`` (``step_ids``)."""
@@ -485,8 +502,10 @@ class World:
         i = self.step_ids.get(send.step)     # both ends have the same step: they matched on it
         if i is None:
             i = self.step_ids[send.step] = len(self.step_ids)
-        self._saw(s, i)
-        self._saw(r, i)
+        if i >= len(s.steps) or not s.steps[i]:     # (most messages: a step the rank has seen)
+            self._saw(s, i)
+        if i >= len(r.steps) or not r.steps[i]:
+            self._saw(r, i)
         if self.watching:
             classes, per = self.fabric.classes, {}
             for link in send.links:
@@ -511,7 +530,7 @@ class World:
 
     def _wake(self, rank, now):
         rank.waiting = None
-        if self.core_free is not None or self.fabric.wake:
+        if self.wake_later:
             wake = self.fabric.wake if self.slow is None else self.fabric.wake * self.slow[rank.id]
             self.at(self._cpu(now, wake, rank.id), rank.let.switch)
         else:
@@ -521,14 +540,30 @@ class World:
         if self.schedule is not None and ends:
             self.schedule[rank].append(("wait", [e.seq for e in ends]))
         r = self.ranks[rank]
-        if r.ahead is not None:
-            # the event that would switch the rank in when its clock is reached looks at its
-            # ends itself: a rank whose messages are still moving then is not switched in
-            t, r.ahead = r.ahead, None
-            self.at(t, self._wait_at, r, ends)
-            self._block(r)
-        elif self._waits(r, ends):
-            self._block(r)
+        t = r.ahead
+        if t is None:
+            if self._waits(r, ends):
+                self._block(r)
+            return
+        r.ahead = None
+        floor = self.least_latency
+        left = [e for e in ends if not e.done]
+        for e in left:
+            if not e.posted + floor > t:
+                break
+        else:
+            if left:
+                # none of its ends can complete by the time its clock says (each comes at least
+                # a latency after it was posted): it waits from now, and no event need look
+                for e in left:
+                    e.watched = True
+                r.waiting, r.left = left, len(left)
+                self._block(r)
+                return
+        # the event that would switch the rank in when its clock is reached looks at its ends
+        # itself: a rank whose messages are still moving then is not switched in
+        self.at(t, self._wait_at, r, ends)
+        self._block(r)
 
     def _waits(self, r, ends):
         """``r`` waits for ``ends`` from now: whether it must (some are not done)."""
@@ -641,7 +676,12 @@ class SimDoor:
         self.exchange(step, recvs=((tensor, peer),))
 
     def sendrecv(self, send_tensor, dst, recv_tensor, src, step):
-        self.exchange(step, ((send_tensor, dst),), ((recv_tensor, src),))
+        # exchange's body: the ring's every step comes here
+        world = self.world
+        ends = world.post(self.rank, step, ((send_tensor, dst),), ((recv_tensor, src),),
+                          self.collective, self.algorithm)
+        if ends:
+            world.wait(self.rank, ends)
 
 
 class ChargedOp:
