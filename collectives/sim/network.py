@@ -34,9 +34,9 @@ import math
 class Flow:
     __slots__ = ("links", "remaining", "rate", "last", "version", "done")
 
-    def __init__(self, links, nbytes, done):
+    def __init__(self, links, nbytes, done, now):
         self.links, self.remaining, self.done = links, float(nbytes), done
-        self.rate, self.last, self.version = 0.0, 0.0, 0
+        self.rate, self.last, self.version = 0.0, now, 0
 
 
 class Network:
@@ -57,8 +57,7 @@ class Network:
         """Begin moving ``nbytes`` over ``links`` now; call ``done(*args)`` when the last byte
         lands. ``rate``: the smallest capacity of ``links``, the flow's rate if it is alone on them."""
         now = self.world.now
-        flow = Flow(links, nbytes, (done, args))
-        flow.last = now
+        flow = Flow(links, nbytes, (done, args), now)
         active = self.active
         for link in links:
             if link in active:

@@ -181,6 +181,8 @@ class World:
         self.progress = progress
         # ranks on shared cores queue for them (``_cpu``): their work is not theirs alone
         self.lazy = self.lazy_clock and self.core_free is None
+        # whether a subclass keeps what is posted (``_posted``): else no call per post
+        self.watch_posts = type(self)._posted is not World._posted
         # a woken rank takes CPU (``wake``, a shared core) before it runs on
         self.wake_later = self.core_free is not None or bool(fabric.wake)
         # no message completes sooner than this after its later end was posted (``_match``'s
@@ -353,7 +355,10 @@ class World:
     def compute(self, rank, nbytes):
         """``rank`` reduces ``nbytes``: it is busy gamma * nbytes; the network is not."""
         self.ranks[rank].reduced_bytes += nbytes
-        self.busy(rank, self.fabric.gamma_at(nbytes) * nbytes)
+        seconds = self.fabric.gamma_at(nbytes) * nbytes
+        if self.slow is not None:     # busy's body: every reduce-scatter step comes here
+            seconds *= self.slow[rank]
+        self._busy(rank, seconds)
 
     def settle(self, rank, seconds=0.0):
         """``rank`` takes CPU time for its local work since it last did (``MemoryWork``) and
@@ -446,7 +451,8 @@ class World:
                 end.seq = first + i
             self.posted_ends[rank] = first + len(ends)
             self.schedule[rank].append(("post", [(e.kind, e.peer, e.step, e.nbytes) for e in ends]))
-        self._posted(rank, step, ends)
+        if self.watch_posts:
+            self._posted(rank, step, ends)
         if done is not None:
             # the rank is busy posting until ``done``; its first messages may start, and end,
             # before
