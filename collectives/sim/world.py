@@ -237,6 +237,10 @@ class World:
             raise Deadlock(self, [])
         return max(r.end_time for r in self.ranks)
 
+    def _failure(self):
+        rank = self.failed
+        return SimulationError(f"rank {rank.id} of {self.n} raised {type(rank.error).__name__}: {rank.error}")
+
     def _loop(self):
         queue, due, pop = self.queue, self.due, heapq.heappop
         while queue:
@@ -246,9 +250,7 @@ class World:
             for fn, args in due[t]:
                 fn(*args)
                 if self.failed is not None:
-                    rank = self.failed
-                    raise SimulationError(f"rank {rank.id} of {self.n} raised {type(rank.error).__name__}: "
-                                          f"{rank.error}") from rank.error
+                    raise self._failure() from self.failed.error
             del due[t]
             pop(queue)
 
@@ -262,9 +264,7 @@ class World:
             for fn, args in due[t]:
                 fn(*args)
                 if self.failed is not None:
-                    rank = self.failed
-                    raise SimulationError(f"rank {rank.id} of {self.n} raised {type(rank.error).__name__}: "
-                                          f"{rank.error}") from rank.error
+                    raise self._failure() from self.failed.error
                 count += 1
                 if count == PROGRESS_EVENTS:
                     count = 0
