@@ -421,12 +421,11 @@ class Fabric:
 
     def same_node(self, src, dst):
         """Whether ``src`` and ``dst`` share a node (a topology with nodes: nodes, rail)."""
-        s = self.spec
-        return s["kind"] in ("nodes", "rail") and src // s["ranks_per_node"] == dst // s["ranks_per_node"]
+        node = self.node_of(src)
+        return node is not None and node == self.node_of(dst)
 
     def node_of(self, rank):
-        """``rank``'s node (where ranks share nodes), or None: same_node(a, b) is node_of(a) ==
-        node_of(b) is not None."""
+        """``rank``'s node (a topology with nodes: nodes, rail), else None."""
         s = self.spec
         return rank // s["ranks_per_node"] if s["kind"] in ("nodes", "rail") else None
 

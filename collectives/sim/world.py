@@ -567,19 +567,11 @@ class World:
             return
         r.ahead = None
         floor = self.least_latency
-        left = [e for e in ends if not e.done]
-        for e in left:
-            if not e.posted + floor > t:
-                break
-        else:
-            if left:
-                # none of its ends can complete by the time its clock says (each comes at least
-                # a latency after it was posted): it waits from now, and no event need look
-                for e in left:
-                    e.watched = True
-                r.waiting, r.left = left, len(left)
-                self._block(r)
-                return
+        # none of its ends can complete by the time its clock says (each comes at least a
+        # latency after it was posted): it waits from now, and no event need look
+        if all(e.done or e.posted + floor > t for e in ends) and self._waits(r, ends):
+            self._block(r)
+            return
         # the event that would switch the rank in when its clock is reached looks at its ends
         # itself: a rank whose messages are still moving then is not switched in
         self.at(t, self._wait_at, r, ends)
