@@ -42,6 +42,7 @@ go to ``--out`` (default ``bench_out/tune``).
 """
 import argparse
 import os
+import statistics
 import time
 
 import torch
@@ -112,6 +113,29 @@ def _over_budget(deadline):
     return bool(late.item())
 
 
+def torch_call(device, iters, warmup):
+    """Seconds torch's own API adds to one call of ours: ``dist.all_reduce`` of 4 bytes on a
+    group of backend "collectives" against ``collectives.all_reduce`` on the same group (the
+    same algorithm, door and engine lane), interleaved round by round; the median over rounds
+    of the difference, the slowest rank's, never below 0.
+
+    The estimate torch asks our backend for (``collectives.backend``: ``estimate_seconds``)
+    prices a call made through torch, and the calls the tune times go through our API: on 2
+    shared cores the difference was 40-50 us a call at N=2 and 150-200 us at N=4, a quarter
+    of a small call's time. Creating the group is a rendezvous through the store, as every
+    group's creation is; the calls timed use only the group's own messages.
+    """
+    group = dist.new_group(backend="collectives")
+    x = torch.zeros(1, device=device)
+    fns = {"torch": lambda: dist.all_reduce(x, group=group),
+           "ours": lambda: collectives.all_reduce(x, group=group)}
+    try:
+        samples, _ = common.time_samples(fns, iters, warmup, common.batch_for(4, 0), device)
+    finally:
+        dist.destroy_process_group(group)
+    return max(statistics.median(t - o for t, o in zip(samples["torch"], samples["ours"])), 0.0)
+
+
 def _worker(args, rank, n, device):
     dist.barrier()
     watch = common.OtherWork()     # what else ran on the machine meanwhile
@@ -119,6 +143,7 @@ def _worker(args, rank, n, device):
     deadline = start + budget_share(args.budget, n, args.world_size)
     p2p = pingpong.measure(rank, n, device, P2P_SIZES, iters=args.iters, warmup=args.warmup_iters)
     params = cost_model.fit(p2p)
+    extra = torch_call(device, args.iters, args.warmup_iters)
     rows, skipped = [], []
     points = [(size, c) for size in coarse_to_fine(args.sizes) for c in args.collective]
     progress = common.Progress(len(points), f"tune N={n}")
@@ -144,7 +169,8 @@ def _worker(args, rank, n, device):
     # (collectives.backend: estimate_seconds), which ping-pong's figures under-predict
     calls = cost_model.fit_calls(rows)
     if calls is not None:
-        params = dict(params, calls=calls)
+        params = dict(params, calls=calls, algorithms=cost_model.fit_algorithms(rows, calls))
+    params["torch_call"] = extra
     own = torch.tensor([watch.own_seconds()], dtype=torch.float64)
     dist.all_reduce(own)           # the ranks' own CPU is not other work
     others = watch.stop(own.item())
@@ -197,6 +223,7 @@ def report(results, rows, path, seconds, file=None):
               + (f"; fitted to its calls: {m['calls']['call'] * 1e6:.0f} us per call, alpha "
                  f"{m['calls']['alpha'] * 1e6:.1f} us, beta {1e-9 / m['calls']['beta']:.3f} GB/s"
                  if m.get("calls") else "")
+              + (f"; torch's API adds {m['torch_call'] * 1e6:.0f} us a call" if "torch_call" in m else "")
               + (f"; {len(res['skipped'])} point(s) over budget: each takes the nearer measured size's choice"
                  if res["skipped"] else ""),
               file=file)

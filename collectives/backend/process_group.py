@@ -522,15 +522,18 @@ class CollectivesBackend:
 
 # -- helpers -------------------------------------------------------------------------------
 
-def estimate_params(tables, group_size):
+def estimate_params(tables, group_size, collective=None, algorithm=None):
     """The figures :func:`estimate_seconds` prices with: the measured model for ``group_size``
-    (this machine's, else the shipped one), and of it the figures fitted to whole calls where
-    the tune measured them (``cost_model.fit_calls``), else ping-pong's."""
+    (this machine's, else the shipped one), and of it the most specific the tune measured:
+    ``algorithm``'s own figures (``cost_model.fit_algorithms``), else those fitted to all the
+    calls timed (``cost_model.fit_calls``), else ping-pong's; ``torch_call`` beside them: what
+    torch's own API adds to each call (measured by the tune; 0 where not)."""
     params = choice._model(tables.mine or {}, group_size) or choice._model(tables.shipped or {}, group_size)
     if not params:
         raise ValueError("collectives backend: time estimate: no fitted model in the group's tuning "
                          "tables (run python -m benchmarks.tune, or use the shipped table)")
-    return params.get("calls") or params
+    own = (params.get("algorithms") or {}).get(collective, {}).get(algorithm)
+    return dict(own or params.get("calls") or params, torch_call=params.get("torch_call", 0.0))
 
 
 def estimate_seconds(collective, size, group_size, tables, algorithm=None):
@@ -540,7 +543,10 @@ def estimate_seconds(collective, size, group_size, tables, algorithm=None):
     ``tables``: the :class:`~collectives.tuning.agreed.Tables` the group agreed on; its
     measured model (this machine's calibration) is used where there is one, else the shipped
     one; of a measured model, the figures ``benchmarks.tune`` fitted to the calls it timed
-    (``calls``: a cost per call beside alpha, beta, gamma), where it holds them. ``algorithm``: the one the call would run (COLLECTIVES_ALGO's); None takes the
+    (``calls``: a cost per call beside alpha, beta, gamma), or to the calls of the algorithm
+    priced alone (``algorithms``), where it holds them, plus what
+    torch's API adds to a call (``torch_call``): torch asks for the time of its own calls,
+    and the tune times ours. ``algorithm``: the one the call would run (COLLECTIVES_ALGO's); None takes the
     automatic choice, as the call would. An algorithm whose cost is not stated (chosen only
     from measurements) is priced as the best modelled algorithm.
     """
@@ -549,13 +555,16 @@ def estimate_seconds(collective, size, group_size, tables, algorithm=None):
     if group_size <= 1:
         return 0.0
     size = max(int(size), 0)
-    params = estimate_params(tables, group_size)
     algorithm = algorithm or choice.choose(collective, size, group_size, tables)
+
+    def priced(name):
+        params = estimate_params(tables, group_size, collective, name)
+        return params["torch_call"] + cost_model.predict(collective, name, group_size, size, params)
     try:
-        return cost_model.predict(collective, algorithm, group_size, size, params)
+        return priced(algorithm)
     except ValueError:
         modelled = [a for a in ALGORITHMS[collective] if choice.auto(collective, a) == "model"]
-        return min(cost_model.predict(collective, a, group_size, size, params) for a in modelled)
+        return min(priced(a) for a in modelled)
 
 
 def _as_unsupported(op, fn, *args):

@@ -133,6 +133,46 @@ def fit_calls(rows):
     return found
 
 
+def fit_algorithms(rows, calls):
+    """Each algorithm's own figures: ``{collective: {algorithm: {call, alpha, beta, gamma}}}``.
+
+    ``rows``: measured calls of one world size, as :func:`fit_calls` takes them; ``calls``:
+    the figures :func:`fit_calls` found for all of them together. One set of figures for every
+    algorithm is a compromise: at N = 4 on 2 cores it priced a 4 KiB call of the Bine tree
+    (4 messages) at 761 us where the tune timed 472 us, and the ring (6 messages) at 1,047 us
+    where it timed 1,248, because a message's cost is not the same in every algorithm (how
+    many ranks wake at once, whether a reduction waits on a copy). So, as NCCL keeps a
+    latency and a bandwidth per algorithm and protocol, each algorithm timed at two sizes or
+    more gets its own: a cost per call ``c`` and a factor ``k`` on the rest of ``calls``,
+    ``time = c + k * predict(calls without its per-call cost)``, least squares of the relative
+    error, neither negative (a ``c`` that would be is 0 and ``k`` fitted alone). Returned as
+    whole figure sets (``alpha = k * calls["alpha"]``, ...), so :func:`predict` prices an
+    algorithm with its own set as it prices any other.
+    """
+    import numpy as np
+    rest = dict(calls, call=0.0)
+    found = {}
+    by_algorithm = {}
+    for r in rows:
+        if r["algorithm"] in MODULES.get(r["collective"], {}) and r["time_us"] > 0:
+            by_algorithm.setdefault((r["collective"], r["algorithm"]), []).append(r)
+    for (collective, algorithm), rs in by_algorithm.items():
+        if len({r["size"] for r in rs}) < 2:
+            continue
+        x = np.array([predict(collective, algorithm, r["world_size"], r["size"], rest) for r in rs])
+        y = np.array([r["time_us"] * 1e-6 for r in rs])
+        w = 1.0 / y
+        (c, k), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x], 1) * w[:, None], y * w, rcond=None)
+        if c < 0 or k <= 0:
+            c, k = 0.0, float(np.sum(w * w * x * y) / np.sum(w * w * x * x))
+        if not (k > 0 and np.isfinite(k)):
+            continue
+        found.setdefault(collective, {})[algorithm] = {
+            "call": float(c), "alpha": k * calls["alpha"], "beta": k * calls["beta"],
+            "gamma": k * calls["gamma"]}
+    return found
+
+
 def best(collective, algorithms, n, size, params):
     """The algorithm with the smallest predicted time."""
     times = {name: predict(collective, name, n, size, params) for name in algorithms}

@@ -124,6 +124,15 @@ def problem(table):
         if calls is not None and not (isinstance(calls, dict) and all(
                 _number(calls.get(k)) for k in ("call", "alpha", "beta", "gamma"))):
             return f'{name}."calls" must hold finite numbers "call", "alpha", "beta" and "gamma"'
+        own = params.get("algorithms", {})
+        if not isinstance(own, dict) or not all(
+                isinstance(by, dict) and all(isinstance(f, dict) and all(_number(f.get(k)) for k in
+                                                                         ("call", "alpha", "beta", "gamma"))
+                                             for f in by.values()) for by in own.values()):
+            return (f'{name}."algorithms" must map a collective to algorithms, each with finite numbers '
+                    f'"call", "alpha", "beta" and "gamma"')
+        if "torch_call" in params and not (_number(params["torch_call"]) and params["torch_call"] >= 0):
+            return f'{name}."torch_call" must be a finite number of seconds, 0 or more'
     return None
 
 
