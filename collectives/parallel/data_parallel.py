@@ -186,14 +186,28 @@ class DataParallel(nn.Module):
         bucket, i = self._where[param]
         bucket.put(i, param.grad)
         if bucket.full:
-            self._launch_full_buckets()
+            self._launch_full_buckets(at_end=False)
 
-    def _launch_full_buckets(self):
+    def _launch_full_buckets(self, at_end):
+        """Start the all_reduce of each bucket that is full, in order.
+
+        The last bucket waits for the end of backward (``at_end``) and runs there as a blocking
+        call: nothing is left to overlap it with, and ``_finish`` waits for it at once. Started
+        async, it went to the group's lane thread and back, two thread hand-offs: 60 us and
+        90-140 us at N=2 on 2 cores (docs/benchmarks.md, where DDP's step goes), more with more
+        ranks than cores. Blocking, it runs on this thread once the earlier buckets' calls are
+        done, as the engine orders every call of a group."""
         while self._next < len(self.buckets) and self.buckets[self._next].full:
             b = self.buckets[self._next]
+            last = self._next == len(self.buckets) - 1 and self.compression is None
+            if last and not at_end:
+                return
             b.seal()
             self._next += 1
-            if self.compression is None:
+            if last:
+                api.all_reduce(b.flat, group=self.group, async_op=False, algorithm=self.algorithm)
+                b.work = None
+            elif self.compression is None:
                 b.work = api.all_reduce(b.flat, group=self.group, async_op=True, algorithm=self.algorithm)
             else:   # the "used" flags after the slots need only stay zero or not: any compression keeps that
                 b.work = self.compression.start([id(p) for p in b.params], b.slots, b.flat, self.group,
@@ -204,9 +218,10 @@ class DataParallel(nn.Module):
         """End of backward: send what unused parameters left behind, wait, copy back."""
         for b in self.buckets[self._next:]:
             b.ready = len(b.params)          # sealed, with zeros for the missing, on launch
-        self._launch_full_buckets()
+        self._launch_full_buckets(at_end=True)
         for b in self.buckets:
-            b.work.wait()
+            if b.work is not None:           # None: the last bucket, done already (blocking)
+                b.work.wait()
             b.flat[:b.numel].div_(self.world_size)
             used = b.flat[b.numel:].tolist()
             for i, p in enumerate(b.params):
