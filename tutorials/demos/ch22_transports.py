@@ -34,6 +34,8 @@ MiB = 1 << 20
 RING_BYTES = 8 * MiB
 # The ping-pong's sizes, for the fits: the largest must take many times alpha on either door,
 # or the slope (beta) is noise and alpha / beta anything at all (seen: 157 MB from 1 MiB rows).
+# Each size is the median of 5 rounds after 2 untimed ones: with 3 after 1, a stall of the 2-core
+# machine in two rounds once tipped the gloo door's slope to zero (1,000,000 GB/s).
 SIZES = (4 << 10, 256 << 10, 8 << 20)
 
 
@@ -101,7 +103,7 @@ def fits(rank, n):
     found = {}
     for name, transport in (("gloo", "gloo"), ("shared memory", "auto")):
         with door(transport):
-            rows = pingpong.measure(rank, n, torch.device("cpu"), list(SIZES), iters=3, warmup=1)
+            rows = pingpong.measure(rank, n, torch.device("cpu"), list(SIZES), iters=5, warmup=2)
         found[name] = cost_model.fit(rows)
     for name, f in found.items():
         crossover = f["alpha"] / f["beta"]         # where alpha = beta S
