@@ -94,6 +94,12 @@ def _terms(collective, algorithm, n, size):
     return (1.0, *map(float, _counts(cost(collective, algorithm, n, int(size)))))
 
 
+def _timed(rows):
+    """The rows of ``rows`` that timed a registered algorithm (not a label such as the tune's
+    "untuned") and took some time."""
+    return [r for r in rows if r["algorithm"] in MODULES.get(r["collective"], {}) and r["time_us"] > 0]
+
+
 def fit_calls(rows):
     """call, alpha, beta, gamma (seconds) that make :func:`predict` best match whole calls.
 
@@ -109,9 +115,7 @@ def fit_calls(rows):
     """
     import numpy as np
     xs, ys = [], []
-    for r in rows:
-        if r["algorithm"] not in MODULES.get(r["collective"], {}) or r["time_us"] <= 0:
-            continue
+    for r in _timed(rows):
         t = _terms(r["collective"], r["algorithm"], r["world_size"], r["size"])
         if t is not None:
             xs.append(t)
@@ -153,9 +157,8 @@ def fit_algorithms(rows, calls):
     rest = dict(calls, call=0.0)
     found = {}
     by_algorithm = {}
-    for r in rows:
-        if r["algorithm"] in MODULES.get(r["collective"], {}) and r["time_us"] > 0:
-            by_algorithm.setdefault((r["collective"], r["algorithm"]), []).append(r)
+    for r in _timed(rows):
+        by_algorithm.setdefault((r["collective"], r["algorithm"]), []).append(r)
     for (collective, algorithm), rs in by_algorithm.items():
         if len({r["size"] for r in rs}) < 2:
             continue

@@ -79,6 +79,11 @@ def _number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _figure_set(figures):
+    """Whether ``figures`` is what ``cost_model.fit_calls`` and ``fit_algorithms`` write."""
+    return isinstance(figures, dict) and all(_number(figures.get(k)) for k in ("call", "alpha", "beta", "gamma"))
+
+
 def problem(table):
     """What is wrong with ``table`` (a parsed JSON value) as a tuning table, or None.
 
@@ -121,14 +126,11 @@ def problem(table):
             if not _number(params.get(key)):
                 return f"{name} lacks a finite number {key!r}"
         calls = params.get("calls")
-        if calls is not None and not (isinstance(calls, dict) and all(
-                _number(calls.get(k)) for k in ("call", "alpha", "beta", "gamma"))):
+        if calls is not None and not _figure_set(calls):
             return f'{name}."calls" must hold finite numbers "call", "alpha", "beta" and "gamma"'
         own = params.get("algorithms", {})
-        if not isinstance(own, dict) or not all(
-                isinstance(by, dict) and all(isinstance(f, dict) and all(_number(f.get(k)) for k in
-                                                                         ("call", "alpha", "beta", "gamma"))
-                                             for f in by.values()) for by in own.values()):
+        if not (isinstance(own, dict) and all(isinstance(by, dict) and all(map(_figure_set, by.values()))
+                                              for by in own.values())):
             return (f'{name}."algorithms" must map a collective to algorithms, each with finite numbers '
                     f'"call", "alpha", "beta" and "gamma"')
         if "torch_call" in params and not (_number(params["torch_call"]) and params["torch_call"] >= 0):
