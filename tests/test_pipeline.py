@@ -14,7 +14,9 @@
   on every stage with one ValueError within seconds, whichever stage saw it;
 * 1F1B holds at most p - s micro-batches' activations on stage s; GPipe holds m.
 """
+import os
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -190,9 +192,17 @@ def _wrong_size(rank, world_size):
         if rank == 0:
             p2p_api.send(torch.zeros(4), 1)
         else:
+            # the receiver waits longer, so that the sender's timeout comes first: gloo in torch 2.11
+            # can close a pair when a wait on it times out, and a rank whose own timer had not yet
+            # fired would then see a closed connection instead of its own timeout
+            os.environ["COLLECTIVES_TIMEOUT"] = "4"
             p2p_api.recv(torch.zeros(8), 0)
     except collectives.CollectiveError as exc:
-        time.sleep(3)      # stay: leaving would close the connection under the other rank's wait
+        # stay until the other rank has its own error too: leaving would close the connection under
+        # its wait (a fixed sleep here left that to the clock)
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"wrong_size_failed_{rank}", "1")
+        store.wait([f"wrong_size_failed_{1 - rank}"], timedelta(seconds=30))
         return str(exc)
     return "no error"
 
@@ -200,12 +210,12 @@ def _wrong_size(rank, world_size):
 def test_a_receive_of_the_wrong_size_waits_and_is_explained():
     """The size is in the tag: 16 bytes never fill a 32-byte receive; both sides time out, named."""
     r = run_world(_wrong_size, 2, env={"COLLECTIVES_TIMEOUT": "2"})
-    assert "timed out after 2 s waiting to send 16 bytes to rank 1" in r[0], r[0]
+    assert "timed out after 2 s waiting to send 16 bytes to rank 1" in r[0], r
     # the receiver times out too, unless the sender's timeout closed the connection first (gloo in
-    # torch 2.11 closes a pair when a wait on it times out): either way it names the 32 bytes it
-    # waited for and the rank, and never returns half-filled data
+    # torch 2.11): either way it names the 32 bytes it waited for and the rank, and never returns
+    # half-filled data
     assert "32 bytes from rank 0" in r[1], r[1]
-    assert "timed out after 2 s" in r[1] or "closed the connection" in r[1], r[1]
+    assert "timed out after 4 s" in r[1] or "closed the connection" in r[1], r[1]
 
 
 STAGES = {"1f1b": PipelineStage, "zb-h1": ZeroBubbleStage,
