@@ -217,14 +217,23 @@ def parse_args(argv=None):
     return args
 
 
+def _beta(beta):
+    """beta as a bandwidth, or why there is none: where the fit dropped it (for all_reduce at N
+    = 3 and 4 the bytes sent grow with the bytes reduced, so beta and gamma cannot be told
+    apart), its floor would print as a million GB/s."""
+    if beta <= tuning.cost_model.NO_BETA:
+        return "beta dropped (not separable from gamma in these timings)"
+    return f"beta {1e-9 / beta:.3f} GB/s"
+
+
 def report(results, rows, path, seconds, file=None):
     """Print the fitted parameters and the choices written, per world size and collective."""
     for n, res in results:
         m = res["model"]
-        print(f"# N={n}: alpha {m['alpha'] * 1e6:.1f} us, beta {1e-9 / m['beta']:.3f} GB/s, "
+        print(f"# N={n}: alpha {m['alpha'] * 1e6:.1f} us, {_beta(m['beta'])}, "
               f"gamma {1e-9 / m['gamma']:.3f} GB/s; swept in {res['seconds']:.0f} s"
               + (f"; fitted to its calls: {m['calls']['call'] * 1e6:.0f} us per call, alpha "
-                 f"{m['calls']['alpha'] * 1e6:.1f} us, beta {1e-9 / m['calls']['beta']:.3f} GB/s"
+                 f"{m['calls']['alpha'] * 1e6:.1f} us, {_beta(m['calls']['beta'])}"
                  if m.get("calls") else "")
               + (f"; torch's API adds {m['torch_call'] * 1e6:.0f} us a call" if "torch_call" in m else "")
               + (f"; {len(res['skipped'])} point(s) over budget: each takes the nearer measured size's choice"

@@ -197,3 +197,29 @@ def test_each_algorithm_timed_at_two_sizes_gets_figures_of_its_own():
     bad = {"models": {"4": dict(ping, algorithms={"all_reduce": {"ring": {"call": 1.0}}})}}
     assert '"algorithms"' in tuning_tables.problem(bad)
     assert tuning_tables.problem({"models": {"4": dict(ping, algorithms=found)}}) is None
+
+
+def test_the_tune_report_names_a_figure_the_fit_dropped_instead_of_printing_it_as_a_bandwidth():
+    """At N = 3 and 4 the bytes an all_reduce sends grow with the bytes it reduces, and
+    fit_calls drops beta (its floor, 1e-15 s a byte): the report printed that as 1,000,000 GB/s."""
+    import io
+    from benchmarks import tune
+    from collectives.tuning import cost_model
+    # calls whose time has no beta at all: the fit keeps the rest, and beta at its floor
+    made = {"call": 200e-6, "alpha": 60e-6, "beta": 0.0, "gamma": 2e-9}
+    rows = _calls(made, 4, ["ring", "naive_ring"], [4096, 65536, 1 << 20, 16 << 20])
+    calls = cost_model.fit_calls(rows)
+    assert calls["beta"] <= cost_model.NO_BETA
+    model = {"alpha": 50e-6, "beta": cost_model.NO_BETA, "gamma": 1e-10, "calls": calls}
+    out = io.StringIO()
+    tune.report([(4, {"model": model, "seconds": 1.0, "skipped": [], "others_cpu": 0.0})], rows, "T", 1.0,
+                file=out)
+    text = out.getvalue()
+    assert "1000000" not in text, text
+    assert text.count("beta dropped") == 2, text
+    # a beta the fit kept is printed as a bandwidth, as before
+    model = dict(model, beta=1e-9, calls=dict(calls, beta=2e-9))
+    out = io.StringIO()
+    tune.report([(4, {"model": model, "seconds": 1.0, "skipped": [], "others_cpu": 0.0})], rows, "T", 1.0,
+                file=out)
+    assert "beta 1.000 GB/s" in out.getvalue() and "beta 0.500 GB/s" in out.getvalue(), out.getvalue()

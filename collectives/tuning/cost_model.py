@@ -35,6 +35,10 @@ is not ping-pong's), and reductions that overlap with transfers.
 """
 from ..algorithms import ALGORITHMS, MODULES, cost
 
+# beta where a fit found none (seconds a byte): a floor, not a figure, so that 1 / beta exists.
+# A report says the figure was dropped rather than print it as a bandwidth (a million GB/s).
+NO_BETA = 1e-15
+
 
 def fit_line(xs, ys):
     """(a, b) minimising the relative error of ``a + b * x`` (small and large sizes count alike)."""
@@ -48,7 +52,7 @@ def fit_line(xs, ys):
         return max(ys[0], 0.0), 0.0
     a = (swxx * swy - swx * swxy) / det
     b = (sw * swxy - swx * swy) / det
-    return max(a, 0.0), max(b, 1e-15)
+    return max(a, 0.0), max(b, NO_BETA)
 
 
 def fit(p2p_rows):
@@ -133,7 +137,7 @@ def fit_calls(rows):
     found = dict.fromkeys(("call", "alpha", "beta", "gamma"), 0.0)
     for k, v in zip(keep, sol):
         found[("call", "alpha", "beta", "gamma")[k]] = max(float(v), 0.0)
-    found["beta"] = max(found["beta"], 1e-15)
+    found["beta"] = max(found["beta"], NO_BETA)
     return found
 
 
