@@ -15,7 +15,6 @@
 * 1F1B holds at most p - s micro-batches' activations on stage s; GPipe holds m.
 """
 import os
-import time
 from datetime import timedelta
 
 import torch
