@@ -15,10 +15,16 @@ a timeline picture drawn from the same file beside it::
     python -m benchmarks.data_parallel --world-size 4 --trace bench_out/mnist_step.json \
         --data-dir ../shared/data
 
-Variants: ``DataParallel`` (bucketed, async, overlapped), ``NaiveDataParallel``
-(one all_reduce per parameter after backward, the tutorial), torch ``DDP``
-on gloo, and ``DDP`` with :func:`collectives.ddp_comm_hook`. A step is
-zero_grad, forward, backward (with gradient averaging) and ``optimizer.step()``.
+Variants: ``DataParallel`` (bucketed, async, overlapped), the same over the gloo door
+(``COLLECTIVES_TRANSPORT=gloo`` while it steps: README's main job with ``--transport
+gloo``), ``NaiveDataParallel`` (one all_reduce per parameter after backward, the
+tutorial), torch ``DDP`` on gloo, ``DDP`` with :func:`collectives.ddp_comm_hook`, and
+the net alone, each rank on its own, no gradient averaged: the floor, what a step costs
+with communication free. A step is zero_grad, forward, backward (with gradient averaging)
+and ``optimizer.step()``. The last line puts the transports side by side: our
+DataParallel's step over the gloo door divided by its step with the default transport
+(how much faster the shared-memory door makes training), and the same over the floor's
+step (the most any transport could make it: a door that took no time at all).
 """
 import argparse
 import os
@@ -41,17 +47,27 @@ def _variants(args):
         model = torch.nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=args.bucket_cap_mb)
         model.register_comm_hook(state=None, hook=ddp_comm_hook(args.algorithm))
         return model
+    ours = lambda: DataParallel(Net(), bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm)  # noqa: E731
+    # name: (make the model, COLLECTIVES_TRANSPORT while it steps; None: as this process was started)
     return {
-        "DDP (torch, gloo)": lambda: torch.nn.parallel.DistributedDataParallel(
-            Net(), bucket_cap_mb=args.bucket_cap_mb),
-        "DataParallel (ours, bucketed)": lambda: DataParallel(
-            Net(), bucket_cap_mb=args.bucket_cap_mb, algorithm=args.algorithm),
-        "NaiveDataParallel (ours)": lambda: NaiveDataParallel(Net(), algorithm=args.algorithm),
-        "DDP + ddp_comm_hook (ours)": ddp_hooked,
+        "DDP (torch, gloo)": (lambda: torch.nn.parallel.DistributedDataParallel(
+            Net(), bucket_cap_mb=args.bucket_cap_mb), None),
+        OURS: (ours, None),
+        OURS_GLOO: (ours, "gloo"),
+        "NaiveDataParallel (ours)": (lambda: NaiveDataParallel(Net(), algorithm=args.algorithm), None),
+        "DDP + ddp_comm_hook (ours)": (ddp_hooked, None),
+        FLOOR: (Net, None),
     }
 
 
-def _time_steps(model, opt, x, y, steps):
+OURS, OURS_GLOO = "DataParallel (ours, bucketed)", "DataParallel (ours) on gloo door"
+FLOOR = "no averaging (the floor)"
+
+
+def _time_steps(model, opt, x, y, steps, transport=None):
+    # the door reads the setting at every message, the lane thread's included; the barriers
+    # below run with it too, and every message of a step is done when the step returns
+    os.environ["COLLECTIVES_TRANSPORT"] = transport or STARTED_WITH
     api.barrier()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -66,32 +82,46 @@ def _worker(args, rank, world, device):
     torch.manual_seed(rank)
     x, y = torch.randn(args.batch_size, 1, 28, 28), torch.randint(0, 10, (args.batch_size,))
     runs = {}
-    for name, make in _variants(args).items():
+    for name, (make, transport) in _variants(args).items():
         torch.manual_seed(0)
         model = make()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        _time_steps(model, opt, x, y, args.warmup_iters)
-        runs[name] = (model, opt, [])
+        _time_steps(model, opt, x, y, args.warmup_iters, transport)
+        runs[name] = (model, opt, [], transport)
     names = list(runs)
     for r in range(args.rounds):
         # Rotate who goes first, so no variant always runs right after another.
         for name in names[r % len(names):] + names[:r % len(names)]:
-            model, opt, times = runs[name]
-            times.append(_time_steps(model, opt, x, y, args.iters))
+            model, opt, times, transport = runs[name]
+            times.append(_time_steps(model, opt, x, y, args.iters, transport))
+    os.environ["COLLECTIVES_TRANSPORT"] = STARTED_WITH
     # Each round times every variant back to back; the ratio is taken within a
     # round (so a burst of load from elsewhere hits both sides), then the median.
     base = runs["DDP (torch, gloo)"][2]
     rows = [{"world_size": world, "variant": name, "ms_per_step": 1e3 * statistics.median(times),
              "best_ms_per_step": 1e3 * min(times),
              "vs_ddp": statistics.median(t / b for t, b in zip(times, base))}
-            for name, (_, _, times) in runs.items()]
+            for name, (_, _, times, _) in runs.items()]
+    on_gloo = runs[OURS_GLOO][2]
+    # both medians of per-round ratios: how much faster than over the gloo door
+    speedup = statistics.median(g / t for g, t in zip(on_gloo, runs[OURS][2]))
+    ceiling = statistics.median(g / t for g, t in zip(on_gloo, runs[FLOOR][2]))
+    rows.append({"world_size": world, "variant": "speedup over the gloo door", "ms_per_step": None,
+                 "best_ms_per_step": None, "vs_ddp": None, "default": speedup, "no_communication": ceiling})
     if rank == 0:
         print(f"world size {world}, {args.batch_size} examples per rank, {args.rounds} rounds "
               f"of {args.iters} steps; ms/step median (best), ratio to DDP median of rounds:")
-        for row in rows:
-            print(f"  {row['variant']:30s} {row['ms_per_step']:8.2f} ({row['best_ms_per_step']:6.2f}) "
+        for row in rows[:-1]:
+            print(f"  {row['variant']:32s} {row['ms_per_step']:8.2f} ({row['best_ms_per_step']:6.2f}) "
                   f"ms/step   {row['vs_ddp']:5.2f}x DDP", flush=True)
+        print(f"  our DataParallel's step on the gloo door over its step with the default transport "
+              f"({STARTED_WITH}): {speedup:.2f}x; over the floor's (communication free): {ceiling:.2f}x",
+              flush=True)
     return rows
+
+
+# COLLECTIVES_TRANSPORT as the ranks were started with it (the default transport's variants use it)
+STARTED_WITH = os.environ.get("COLLECTIVES_TRANSPORT", "auto")
 
 
 def _trace_worker(args, rank, world, device):
@@ -175,7 +205,7 @@ def main(argv=None):
     if args.trace:
         common.run_worlds(_trace_worker, args)
         return
-    common.run_and_write("python -m benchmarks.data_parallel", _worker, args)
+    return common.run_and_write("python -m benchmarks.data_parallel", _worker, args)
 
 
 if __name__ == "__main__":

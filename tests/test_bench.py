@@ -369,6 +369,22 @@ def test_ddp_backend_prints_a_ratio_per_world_size(capfd, monkeypatch):
     assert all(float(x) > 0 for x in rows[0][2:])
 
 
+def test_data_parallel_puts_the_two_doors_and_the_floor_side_by_side(capfd, monkeypatch, tmp_path):
+    """benchmarks.data_parallel times our DataParallel on each door and the net with no averaging,
+    and prints the step over the gloo door against each (README's main job with --transport gloo)."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    from benchmarks import data_parallel
+    rows = data_parallel.main(["--world-size", "2", "--rounds", "2", "-n", "1", "-w", "1", "--batch-size", "4",
+                               "--out", str(tmp_path)])
+    out = capfd.readouterr().out
+    names = [r["variant"] for r in rows]
+    assert data_parallel.OURS_GLOO in names and data_parallel.FLOOR in names, names
+    speedup = rows[-1]
+    assert speedup["default"] > 0 and speedup["no_communication"] > 0, speedup
+    assert "on the gloo door over its step with the default transport" in out, out
+
+
 def test_cliff_counts_a_short_spin_of_the_running_thread():
     """benchmarks.cliff reads a thread's CPU to the nanosecond, the slice it is running now
     included: schedstat's first field moves only at a tick or a switch, so a caller that spun
