@@ -412,13 +412,18 @@ def _stopped_world(rank, world_size, stopped):
     return attempt(lambda: collectives.all_reduce(torch.ones(1024), algorithm="ring"))[:3]
 
 
-def _stopped_worker(rank, n, port, stopped, env, results):
+def _stopped_worker(rank, n, port, stopped, env, results, ready):
     """Like worlds' worker, but the result is flushed before anything else and the group is
     not torn down: with a member stopped, teardown may block (with rank 0 stopped it held
     the result back for good)."""
     os.environ.update(env)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    # the rank stops only once every rank is out of init_process_group: gloo's rendezvous may
+    # still read a peer's address from the store after rank 0's own init has returned, and a
+    # stopped rank 0 (the store's host) then held rank 3 inside torch's init for good, before
+    # any collective of ours
+    ready.wait(60)
     try:
         value = (True, _stopped_world(rank, n, stopped))
     except BaseException:
@@ -448,8 +453,9 @@ def test_stopped_rank_is_named_by_the_survivors(stopped):
     results = ctx.Queue()
     port = free_port()
     env = {"COLLECTIVES_TIMEOUT": str(TIMEOUT)}
+    ready = ctx.Barrier(n)
     procs = [ctx.Process(target=_stopped_worker, daemon=True,
-                         args=(r, n, port, stopped, env, results)) for r in range(n)]
+                         args=(r, n, port, stopped, env, results, ready)) for r in range(n)]
     for p in procs:
         p.start()
     out, states = {}, set()
