@@ -145,3 +145,22 @@ def test_approximate_figures_are_compared_within_their_tolerance():
         for prefix, _ in approximations(chapter.name):
             assert any(prefix + ": " in shown for name, _, shown in OUTPUTS if name == chapter.name), (
                 f"{chapter.name} declares {prefix!r} approximate, but no output block prints it")
+
+
+def test_ch22_fits_each_size_to_its_least_disturbed_repeat():
+    """Chapter 22 fits alpha + beta S to ping-pongs measured beside the other demos: stalls in one
+    repeat (here 5 ms at 4 and 256 KiB, where 8 MiB takes 4.3) must not tip the slope to zero
+    (printed as 1,000,000 GB/s in a suite run)."""
+    from collectives.tuning import cost_model
+    from tutorials.demos import ch22_transports as ch22
+    alpha, beta, gamma = 50e-6, 1 / 2e9, 1 / 5e9
+
+    def rows(stalled=()):
+        return [{"size": s, "pingpong_oneway_us": 1e6 * (alpha + beta * s) * (100 if s in stalled else 1),
+                 "ring_exchange_us": 1e6 * (alpha + beta * s), "reduce_us": 1e6 * gamma * s}
+                for s in ch22.SIZES]
+    # load only adds time: every size as slow as or slower than undisturbed (8 MiB: 4,244 us)
+    disturbed = [dict(r, pingpong_oneway_us=4300.0 if r["size"] == 8 << 20 else 5000.0) for r in rows()]
+    assert cost_model.fit(disturbed)["beta"] <= cost_model.NO_BETA      # what one repeat alone gives
+    found = cost_model.fit(ch22.least_disturbed([disturbed, rows(stalled=(256 << 10,)), rows()]))
+    assert found["alpha"] == pytest.approx(alpha, rel=1e-6) and found["beta"] == pytest.approx(beta, rel=1e-6)
