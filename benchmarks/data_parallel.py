@@ -41,6 +41,11 @@ from collectives.parallel.data_parallel_naive import NaiveDataParallel
 from collectives.parallel.ddp_hook import ddp_comm_hook
 from collectives.train.models import Net
 
+OURS, OURS_GLOO = "DataParallel (ours, bucketed)", "DataParallel (ours) on gloo door"
+FLOOR = "no averaging (the floor)"
+# COLLECTIVES_TRANSPORT as the ranks were started with it (the default transport's variants use it)
+STARTED_WITH = os.environ.get("COLLECTIVES_TRANSPORT", "auto")
+
 
 def _variants(args):
     def ddp_hooked():
@@ -58,10 +63,6 @@ def _variants(args):
         "DDP + ddp_comm_hook (ours)": (ddp_hooked, None),
         FLOOR: (Net, None),
     }
-
-
-OURS, OURS_GLOO = "DataParallel (ours, bucketed)", "DataParallel (ours) on gloo door"
-FLOOR = "no averaging (the floor)"
 
 
 def _time_steps(model, opt, x, y, steps, transport=None):
@@ -99,13 +100,12 @@ def _worker(args, rank, world, device):
     # round (so a burst of load from elsewhere hits both sides), then the median.
     base = runs["DDP (torch, gloo)"][2]
     rows = [{"world_size": world, "variant": name, "ms_per_step": 1e3 * statistics.median(times),
-             "best_ms_per_step": 1e3 * min(times),
-             "vs_ddp": statistics.median(t / b for t, b in zip(times, base))}
+             "best_ms_per_step": 1e3 * min(times), "vs_ddp": common.paired_ratio(times, base)}
             for name, (_, _, times, _) in runs.items()]
+    # how much faster than over the gloo door, the same way
     on_gloo = runs[OURS_GLOO][2]
-    # both medians of per-round ratios: how much faster than over the gloo door
-    speedup = statistics.median(g / t for g, t in zip(on_gloo, runs[OURS][2]))
-    ceiling = statistics.median(g / t for g, t in zip(on_gloo, runs[FLOOR][2]))
+    speedup = common.paired_ratio(on_gloo, runs[OURS][2])
+    ceiling = common.paired_ratio(on_gloo, runs[FLOOR][2])
     rows.append({"world_size": world, "variant": "speedup over the gloo door", "ms_per_step": None,
                  "best_ms_per_step": None, "vs_ddp": None, "default": speedup, "no_communication": ceiling})
     if rank == 0:
@@ -119,9 +119,6 @@ def _worker(args, rank, world, device):
               flush=True)
     return rows
 
-
-# COLLECTIVES_TRANSPORT as the ranks were started with it (the default transport's variants use it)
-STARTED_WITH = os.environ.get("COLLECTIVES_TRANSPORT", "auto")
 
 
 def _trace_worker(args, rank, world, device):
