@@ -157,10 +157,12 @@ def test_ch22_fits_each_size_to_its_least_disturbed_repeat():
 
     def rows(stalled=()):
         return [{"size": s, "pingpong_oneway_us": 1e6 * (alpha + beta * s) * (100 if s in stalled else 1),
-                 "ring_exchange_us": 1e6 * (alpha + beta * s), "reduce_us": 1e6 * gamma * s}
+                 "pingpong_GBps": 1.0, "ring_exchange_us": 1e6 * (alpha + beta * s), "reduce_us": 1e6 * gamma * s}
                 for s in ch22.SIZES]
     # load only adds time: every size as slow as or slower than undisturbed (8 MiB: 4,244 us)
     disturbed = [dict(r, pingpong_oneway_us=4300.0 if r["size"] == 8 << 20 else 5000.0) for r in rows()]
     assert cost_model.fit(disturbed)["beta"] <= cost_model.NO_BETA      # what one repeat alone gives
-    found = cost_model.fit(ch22.least_disturbed([disturbed, rows(stalled=(256 << 10,)), rows()]))
+    fastest = ch22.least_disturbed([disturbed, rows(stalled=(256 << 10,)), rows()])
+    assert [r["size"] for r in fastest] == list(ch22.SIZES) and not any("pingpong_GBps" in r for r in fastest)
+    found = cost_model.fit(fastest)
     assert found["alpha"] == pytest.approx(alpha, rel=1e-6) and found["beta"] == pytest.approx(beta, rel=1e-6)

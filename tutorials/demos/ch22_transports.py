@@ -102,8 +102,10 @@ def copies():
 
 
 def least_disturbed(repeats):
-    """Rows of one size each, every time field the fastest of ``repeats`` (lists of rows)."""
-    return [{key: min(r[key] for r in same) if key.endswith("_us") else value for key, value in same[0].items()}
+    """Rows of one size each, every time field the fastest of ``repeats`` (lists of rows). The
+    rates (``_GBps``) are left out: each was worked out from one repeat's time, not these."""
+    return [{key: min(r[key] for r in same) if key.endswith("_us") else value
+             for key, value in same[0].items() if not key.endswith("_GBps")}
             for same in zip(*repeats)]
 
 
