@@ -70,6 +70,7 @@ def each_message(collective, algorithm, step, sends, recvs):
     What every door checks the same way: empty tensors are skipped (both sides know the
     sizes, so both skip them) and a non-contiguous tensor is refused before anything moves.
     """
+    messages = []
     for kind, pairs in (("recv", recvs), ("send", sends)):
         for tensor, peer in pairs:
             nbytes = tensor.nbytes
@@ -78,4 +79,5 @@ def each_message(collective, algorithm, step, sends, recvs):
             if not tensor.is_contiguous():
                 raise ValueError(f"collectives.{collective}: a message must be a contiguous tensor "
                                  f"(algorithm {algorithm!r}, step {step})")
-            yield kind, tensor, peer, nbytes
+            messages.append((kind, tensor, peer, nbytes))
+    return messages

@@ -190,6 +190,8 @@ class World:
         self.least_latency = fabric.least_alpha() * (min(self.slow) if self.slow is not None else 1.0)
         # each rank's node, where a message's o depends on it (``Fabric.overhead_of``), looked
         # up per message: the node of a rank is worked out once
+        # o and the intra-node o, read per post
+        self.overhead, self.intra_overhead = fabric.overhead, fabric.intra_overhead
         self.node_of = None
         if fabric.intra_overhead is not None:
             self.node_of = [fabric.node_of(r) for r in range(self.n)]
@@ -403,7 +405,7 @@ class World:
         n = self.n
         messages = each_message(collective, algorithm, step, sends, recvs)
         now, unmatched = self.now, self.unmatched
-        o, slow = self.fabric.overhead, 1.0
+        o, slow = self.overhead, 1.0
         if self.slow is not None:     # (x * 1.0 is x: without stragglers nothing to scale)
             slow = self.slow[rank]
             o *= slow
@@ -411,20 +413,22 @@ class World:
         # o per message where it depends on the peer (a node's own messages: intra_overhead)
         per_peer = None
         done = None
-        if o or r.debt or self.fabric.intra_overhead is not None:
+        if o or r.debt or self.intra_overhead is not None:
             # posting costs the rank CPU (the door's checks, the transport's set-up), per
             # message, one after another, after the local work it did since its last message:
             # the i-th message is out at ``done - (o_i + ... + o_m)``, the rank busy until ``done``
-            messages = list(messages)
             if self.node_of is not None:
                 # Fabric.overhead_of, with the nodes looked up (a bad peer is refused below)
                 node, mine = self.node_of, self.node_of[rank]
-                intra = self.fabric.intra_overhead * slow
+                intra = self.intra_overhead * slow
                 per_peer = [intra if peer.__class__ is int and 0 <= peer < n and node[peer] == mine else o
                             for _, _, peer, _ in messages]
             posting = sum(per_peer) if per_peer is not None else o * len(messages)
             seconds, r.debt = r.debt + posting, 0.0
-            done = self._cpu(now, seconds, rank) if seconds > 0 or self.core_free is not None else now
+            if self.core_free is not None:
+                done = self._cpu(now, seconds, rank)
+            else:                     # a core of its own (``_cpu``'s first line, without the call)
+                done = now + seconds if seconds > 0 else now
             now = done - posting
         ends = []
         for i, (kind, tensor, peer, nbytes) in enumerate(messages):
@@ -569,9 +573,13 @@ class World:
         floor = self.least_latency
         # none of its ends can complete by the time its clock says (each comes at least a
         # latency after it was posted): it waits from now, and no event need look
-        if all(e.done or e.posted + floor > t for e in ends) and self._waits(r, ends):
-            self._block(r)
-            return
+        for e in ends:                # all(...) of a generator, without making one per wait
+            if not e.done and e.posted + floor <= t:
+                break
+        else:
+            if self._waits(r, ends):
+                self._block(r)
+                return
         # the event that would switch the rank in when its clock is reached looks at its ends
         # itself: a rank whose messages are still moving then is not switched in
         self.at(t, self._wait_at, r, ends)
