@@ -111,6 +111,13 @@ def measure_api(device, iters=20, warmup=2):
     return common.time_candidates(fns, iters, warmup, API_BATCH, device)
 
 
+def fit_line_text(n, m):
+    """The line that reports ``m``, :func:`cost_model.fit`'s figures for ``n`` ranks."""
+    return (f"# N={n} fit: alpha {m['alpha'] * 1e6:.1f} us, beta {cost_model.rate(m['beta'])}; "
+            f"ring exchange alpha {m['alpha_ring'] * 1e6:.1f} us, beta {cost_model.rate(m['beta_ring'])}; "
+            f"gamma {cost_model.rate(m['gamma'])}")
+
+
 def _worker(args, rank, n, device):
     if n < 2:
         raise SystemExit("ping-pong needs --world-size 2 or more")
@@ -150,9 +157,7 @@ def main(argv=None):
     for n, res in results:
         model[n] = cost_model.fit(res)
         m = model[n]
-        print(f"# N={n} fit: alpha {m['alpha'] * 1e6:.1f} us, beta {1e-9 / m['beta']:.3f} GB/s; "
-              f"ring exchange alpha {m['alpha_ring'] * 1e6:.1f} us, beta {1e-9 / m['beta_ring']:.3f} GB/s; "
-              f"gamma {1e-9 / m['gamma']:.3f} GB/s")
+        print(fit_line_text(n, m))
     common.write_rows(args.out, "p2p", rows, meta)
     with open(os.path.join(args.out, "model.json"), "w") as f:
         json.dump({"meta": meta, "model": model}, f, indent=1)

@@ -219,6 +219,14 @@ def _worker(args, rank, n, device):
     return pingpong.measure(rank, n, device, args.sizes, args.iters, args.warmup_iters, args.batch)
 
 
+def fit_text(n, f):
+    """The line that reports the calibration's fits ``f`` for ``n`` ranks."""
+    return (f"# N={n}: ping-pong alpha {f['alpha'] * 1e6:.1f} us, {cost_model.rate(f['beta'], 2)}; ring exchange "
+            f"alpha {f['alpha_ring'] * 1e6:.1f} us, {cost_model.rate(f['beta_ring'], 2)} per message; "
+            f"4-byte all_reduce through the API {f.get('api_us', 0) * 1e6:.0f} us (recursive doubling), "
+            f"{f.get('api_ring_us', 0) * 1e6:.0f} us (ring)")
+
+
 def store(spec):
     path = topology.calibration_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -246,10 +254,7 @@ def main(argv=None):
     topology.validate(dict(spec, name="local"))
     print(topology.describe(dict(spec, name="local")))
     for n, f in spec["calibrated"]["fits"].items():
-        print(f"# N={n}: ping-pong alpha {f['alpha'] * 1e6:.1f} us, {1e-9 / f['beta']:.2f} GB/s; ring exchange "
-              f"alpha {f['alpha_ring'] * 1e6:.1f} us, {1e-9 / f['beta_ring']:.2f} GB/s per message; "
-              f"4-byte all_reduce through the API {f.get('api_us', 0) * 1e6:.0f} us (recursive doubling), "
-              f"{f.get('api_ring_us', 0) * 1e6:.0f} us (ring)")
+        print(fit_text(n, f))
     if not args.no_store:
         print(f"# stored in {store(spec)}; python -m collectives.sim --topology local reads it")
 

@@ -395,15 +395,20 @@ def predict(rows, p2p):
     return model
 
 
+def model_text(model):
+    """The line of a report that gives the cost model fitted in the run, ``{n: figures}``."""
+    return "Cost model fitted in the same run: " + "; ".join(
+        f"N={n}: alpha {p['alpha'] * 1e6:.1f} us, beta {cost_model.rate(p['beta'], 2)}, "
+        f"gamma {cost_model.rate(p['gamma'], 2)}" for n, p in model.items())
+
+
 def report_markdown(meta, rows, model):
     """The tables docs/benchmarks.md shows: one per (collective, N), the command above."""
     lines = [f"Measured {meta['date_utc']} on {meta['host']} ({meta['cores']} cores, {meta['cpu']}), "
              f"load average {meta['loadavg']}, torch {meta['torch']}, {meta['backend']}/{meta['device']}, "
              f"{meta['threads_per_rank']} thread(s) per rank.", "", f"Command: `{meta['command']}`", ""]
     if model:
-        lines += ["Cost model fitted in the same run: " + "; ".join(
-            f"N={n}: alpha {p['alpha'] * 1e6:.1f} us, beta {1e-9 / p['beta']:.2f} GB/s, "
-            f"gamma {1e-9 / p['gamma']:.2f} GB/s" for n, p in model.items()), ""]
+        lines += [model_text(model), ""]
     for collective, n in dict.fromkeys((r["collective"], r["world_size"]) for r in rows):
         sel = [r for r in rows if r["collective"] == collective and r["world_size"] == n]
         names = list(dict.fromkeys(r["algorithm"] for r in sel))

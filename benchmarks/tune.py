@@ -223,7 +223,7 @@ def _beta(beta):
     apart), its floor would print as a million GB/s."""
     if beta <= tuning.cost_model.NO_BETA:
         return "beta dropped (not separable from gamma in these timings)"
-    return f"beta {1e-9 / beta:.3f} GB/s"
+    return f"beta {tuning.cost_model.rate(beta)}"
 
 
 def report(results, rows, path, seconds, file=None):
@@ -231,7 +231,7 @@ def report(results, rows, path, seconds, file=None):
     for n, res in results:
         m = res["model"]
         print(f"# N={n}: alpha {m['alpha'] * 1e6:.1f} us, {_beta(m['beta'])}, "
-              f"gamma {1e-9 / m['gamma']:.3f} GB/s; swept in {res['seconds']:.0f} s"
+              f"gamma {tuning.cost_model.rate(m['gamma'])}; swept in {res['seconds']:.0f} s"
               + (f"; fitted to its calls: {m['calls']['call'] * 1e6:.0f} us per call, alpha "
                  f"{m['calls']['alpha'] * 1e6:.1f} us, {_beta(m['calls']['beta'])}"
                  if m.get("calls") else "")

@@ -168,6 +168,27 @@ def test_fit_recovers_alpha_and_beta():
     assert math.isclose(1 / p["gamma"], 4e9, rel_tol=1e-3)
 
 
+def test_a_fit_without_a_slope_leaves_the_floor_and_every_report_says_so():
+    # one size only: no line through the points (the determinant is 0); the slope must still be
+    # the floor, so that 1 / beta exists (a calibrated topology's bandwidth is 1 / beta)
+    a, b = cost_model.fit_line([4096, 4096, 4096], [30e-6, 20e-6, 25e-6])
+    assert b == cost_model.NO_BETA and a > 0
+    # timings that do not grow with size: the slope is clamped at the floor
+    assert cost_model.fit_line([4096, 1 << 20, 8 << 20], [90e-6, 40e-6, 41e-6])[1] == cost_model.NO_BETA
+    assert cost_model.rate(cost_model.NO_BETA) == "none fitted (no slope in these timings)"
+    assert cost_model.rate(1 / 2.5e9) == "2.500 GB/s"
+    assert cost_model.rate(1 / 2.5e9, digits=1) == "2.5 GB/s"
+    from benchmarks import pingpong, sim_calibrate
+    dropped = {"alpha": 20e-6, "beta": cost_model.NO_BETA, "alpha_ring": 30e-6, "beta_ring": 1e-9,
+               "gamma": cost_model.NO_BETA}
+    # each line names every dropped figure it reports (the calibration's reports no gamma)
+    for line, dropped_shown, kept in ((pingpong.fit_line_text(4, dropped), 2, "1.000 GB/s"),
+                                      (sim_calibrate.fit_text(4, dropped), 1, "1.00 GB/s"),
+                                      (sweep.model_text({4: dropped}), 2, None)):
+        assert "1000000" not in line and line.count("none fitted") == dropped_shown, line
+        assert kept is None or kept in line, line
+
+
 def test_model_matches_the_cards():
     a, b, g = PARAMS["alpha"], PARAMS["beta"], PARAMS["gamma"]
     s = 1 << 20

@@ -40,6 +40,15 @@ from ..algorithms import ALGORITHMS, MODULES, cost
 NO_BETA = 1e-15
 
 
+def rate(per_byte, digits=3):
+    """A fitted beta or gamma (seconds a byte) as a rate, ``"2.500 GB/s"``, or, where the fit
+    found no slope and left the floor :data:`NO_BETA`, says so instead of printing the floor
+    as a million GB/s."""
+    if per_byte <= NO_BETA:
+        return "none fitted (no slope in these timings)"
+    return f"{1e-9 / per_byte:.{digits}f} GB/s"
+
+
 def fit_line(xs, ys):
     """(a, b) minimising the relative error of ``a + b * x`` (small and large sizes count alike)."""
     sw = swx = swxx = swy = swxy = 0.0
@@ -48,8 +57,8 @@ def fit_line(xs, ys):
         sw, swx, swxx = sw + w, swx + w * x, swxx + w * x * x
         swy, swxy = swy + w * y, swxy + w * x * y
     det = sw * swxx - swx * swx
-    if det <= 0:
-        return max(ys[0], 0.0), 0.0
+    if det <= 0:                      # one size only: a level, no slope (the floor, as below)
+        return max(ys[0], 0.0), NO_BETA
     a = (swxx * swy - swx * swxy) / det
     b = (sw * swxy - swx * swy) / det
     return max(a, 0.0), max(b, NO_BETA)
