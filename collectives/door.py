@@ -65,7 +65,7 @@ class Door(Protocol):
 
 
 def each_message(collective, algorithm, step, sends, recvs):
-    """The messages one ``post`` moves, receives first, as ``(kind, tensor, peer, nbytes)``.
+    """The messages one ``post`` moves, receives first, a list of ``(kind, tensor, peer, nbytes)``.
 
     What every door checks the same way: empty tensors are skipped (both sides know the
     sizes, so both skip them) and a non-contiguous tensor is refused before anything moves.

@@ -188,10 +188,10 @@ class World:
         # no message completes sooner than this after its later end was posted (``_match``'s
         # alpha, times the smaller factor of a straggler pair, plus jitter >= 0)
         self.least_latency = fabric.least_alpha() * (min(self.slow) if self.slow is not None else 1.0)
-        # each rank's node, where a message's o depends on it (``Fabric.overhead_of``), looked
-        # up per message: the node of a rank is worked out once
         # o and the intra-node o, read per post
         self.overhead, self.intra_overhead = fabric.overhead, fabric.intra_overhead
+        # each rank's node, where a message's o depends on it (``Fabric.overhead_of``), looked
+        # up per message: the node of a rank is worked out once
         self.node_of = None
         if fabric.intra_overhead is not None:
             self.node_of = [fabric.node_of(r) for r in range(self.n)]
