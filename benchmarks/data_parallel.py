@@ -120,7 +120,6 @@ def _worker(args, rank, world, device):
     return rows
 
 
-
 def _trace_worker(args, rank, world, device):
     """One traced DataParallel step; rank 0 writes the trace and its picture."""
     from collectives import trace

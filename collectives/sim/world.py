@@ -428,7 +428,7 @@ class World:
             if self.core_free is not None:
                 done = self._cpu(now, seconds, rank)
             else:                     # a core of its own (``_cpu``'s first line, without the call)
-                done = now + seconds if seconds > 0 else now
+                done = now + seconds
             now = done - posting
         ends = []
         for i, (kind, tensor, peer, nbytes) in enumerate(messages):
