@@ -25,7 +25,7 @@ VARIABLES = {
     "COLLECTIVES_ALGO": ("", "algorithms per collective, e.g. all_reduce:ring,broadcast:binomial_tree"),
     "COLLECTIVES_TUNING_TABLE": ("", "a tuning table algorithm=None reads instead of this machine's"),
     "COLLECTIVES_TRANSPORT": ("auto", "gloo, shm or auto: how ranks on one host exchange messages"),
-    "COLLECTIVES_SHM_DIRECT_MIN": ("4M", "shared memory: messages this large are read from the sender, one copy (off: never)"),
+    "COLLECTIVES_SHM_DIRECT_MIN": ("auto", "shared memory: messages this large are read from the sender, one copy (off: never; auto: 4M where ranks outnumber cores, else off)"),
     "COLLECTIVES_GLOO_BATCH": ("1", "gloo's socket threads never preempt the thread they wake (SCHED_BATCH)"),
     "COLLECTIVES_DATA": ("./data", "where MNIST lives (a folder with MNIST/raw/*.gz)"),
     "COLLECTIVES_CACHE": ("~/.cache/collectives", "where MNIST from a read-only folder is unpacked"),
@@ -133,14 +133,17 @@ def transport():
 
 
 def shm_direct_min():
-    """``COLLECTIVES_SHM_DIRECT_MIN`` (default ``4M``): bytes from which the shared-memory door
+    """``COLLECTIVES_SHM_DIRECT_MIN`` (default ``auto``): bytes from which the shared-memory door
     reads a message straight from the sender's memory (one copy, ``collectives/shm.py``);
-    ``off``: every message through the mailboxes (two copies). Bytes, or with K, M or G.
-    Read when a group's mailboxes are set up (its first call)."""
+    ``off``: every message through the mailboxes (two copies, side by side where each rank of
+    the host has a core); ``auto``: ``4M`` where the host's ranks outnumber its cores, else
+    ``off``. Bytes, or with K, M or G. Read when a group's mailboxes are set up (its first call)."""
     value = _raw("COLLECTIVES_SHM_DIRECT_MIN")
     if value is None:
-        return 4 << 20
+        return "auto"
     text = value.strip().upper().removesuffix("B")
+    if text == "AUTO":
+        return "auto"
     if text in ("OFF", "NONE", "NEVER"):
         return None
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
@@ -150,7 +153,7 @@ def shm_direct_min():
         number = -1
     if number < 1:
         raise ValueError(f"COLLECTIVES_SHM_DIRECT_MIN={value!r} is not valid: use a positive size in bytes "
-                         f"(e.g. 1048576, 256K, 1M) or off; unset, it is 4M")
+                         f"(e.g. 1048576, 256K, 1M), off or auto; unset, it is auto")
     return number * scale
 
 

@@ -64,7 +64,18 @@ Moving a message of S bytes from rank a to rank b (a's mailbox in b's inbox):
    streams through it in pieces, the sender filling while the receiver drains;
 5. a's send completes when its last piece is in the mailbox (the rest is b's to read).
 
-A message of ``DIRECT_MIN`` (4 MiB) or more skips the ring: a writes only its record,
+Where every rank of the host has a core of its own (N=2 on 2 cores; not N=4 there), a
+copies in pieces of ``PIECE`` (128 KiB) and publishes each (advances ``head``) as it goes,
+ringing b after the first: b copies piece k out while a copies piece k+1 in, on the other
+core, and a waiter that got bytes looks again for ``SPIN`` before it sleeps, since more are
+coming. The two copies then take about the time of one: one way at N=2, 75 us instead of 107
+for 256 KiB, 197 instead of 327 for 1 MiB, 2.4 ms instead of 3.9 for 16 MiB (where it also
+beats reading the sender's memory; docs/benchmarks.md, "Pieces"). NCCL's SHM transport
+moves its FIFO in steps for the same reason. Where ranks share cores it would only make
+them take turns, so there a message is published whole.
+
+Where the host's ranks outnumber its cores, a message of ``DIRECT_MIN`` (4 MiB) or more
+skips the ring (``COLLECTIVES_SHM_DIRECT_MIN``, ``auto``): a writes only its record,
 with the address of its tensor, and b copies the bytes straight out of a's memory into
 its tensor (``process_vm_readv``: the kernel copies between the two address spaces, once)
 before it advances ``tail`` past the record; a's send completes then, as above, and a
@@ -82,13 +93,15 @@ work, and a peer that dies (SIGKILL included) wakes it at once with an error nam
 peer instead of a hang.
 
 **Worked example**, ring all_reduce on 4 ranks of one host, 16 MiB of float32, mailboxes
-of 2 MiB: each of the 6 steps moves a 4 MiB chunk from rank r to r+1. At 4 MiB it is
-read directly: r writes a 64-byte record into the r -> r+1 mailbox and rings; r+1 copies
-the chunk out of r's tensor once (then reduces it, in the first 3 steps) and rings back:
-2 doorbell rings and one copy per chunk. With direct reads off, each chunk streams through
-the mailbox in 3 pieces, every byte copied twice, with 5 rings (3 forward, 2 back); the rings
-cost a few microseconds each, against ~1 ms for copying 4 MiB twice: memory bandwidth
-decides here. For a 4 KiB message the copies take ~1 us and the wake-up (a system call
+of 2 MiB: each of the 6 steps moves a 4 MiB chunk from rank r to r+1. On 2 cores (ranks
+outnumber cores) a chunk of 4 MiB is read directly: r writes a 64-byte record into the
+r -> r+1 mailbox and rings; r+1 copies the chunk out of r's tensor once (then reduces it,
+in the first 3 steps) and rings back: 2 doorbell rings and one copy per chunk. With direct
+reads off, each chunk streams through the mailbox in 3 pieces, every byte copied twice,
+with 5 rings (3 forward, 2 back); the rings cost a few microseconds each, against ~1 ms for
+copying 4 MiB twice: memory bandwidth decides here. On 4 cores or more each chunk goes
+through the mailbox in 128 KiB pieces, r+1 copying each out while r copies the next in,
+with 7 rings (2 of them early). For a 4 KiB message the copies take ~1 us and the wake-up (a system call
 and a context switch, tens of us on a loaded machine) decides.
 
 **Who moves the bytes.** gloo moves its messages in its own threads, whatever the program
@@ -101,10 +114,10 @@ wait until the timeout (hierarchical all_reduce on 2 hosts x 2 ranks did). So wh
 rank has messages in flight here, the door waits on gloo on a helper thread and keeps moving
 ours (:meth:`ShmTransport.wait_elsewhere`): the rule NCCL keeps with its proxy thread.
 
-**Copies per byte**, one message: shm 2 below 4 MiB (sender into the mailbox, receiver
-out of it; 3 for a message moved aside because a receive behind it was posted first),
-no system call per byte, one wake-up per piece; 1 from 4 MiB (read from the sender),
-one system call. gloo on loopback: 2 (``write`` into the socket buffer, ``read`` out
+**Copies per byte**, one message: shm 2 (sender into the mailbox, receiver out of it, at
+once where each rank has a core; 3 for a message moved aside because a receive behind it
+was posted first), no system call per byte, one wake-up per piece; 1 from 4 MiB where
+ranks outnumber cores (read from the sender), one system call. gloo on loopback: 2 (``write`` into the socket buffer, ``read`` out
 of it), plus TCP/IP's processing, socket-thread hand-offs in both processes, and a system
 call per ~64 KiB on each side. Why not one copy for every size: on the 2-core machine
 ``process_vm_readv`` pins the sender's pages as it goes and moved 3.3 GB/s at 16 MiB
@@ -113,7 +126,8 @@ a mailbox that stays in the cache are as fast or faster. ``python -m benchmarks.
 --world-size 2,4 -b 4K -e 64M -f 4 -n 5 -w 1``, with ``COLLECTIVES_SHM_DIRECT_MIN=1M`` and
 ``=off`` one after the other (docs/benchmarks.md, 2026-11-27 22:31 UTC, load 1.5-2.2): the
 ring's busbw with one copy / with two, N=2: 0.88 at 1 MiB, 0.78 at 4 MiB, 1.18 at 16 MiB,
-1.23 at 64 MiB; N=4: 0.93 at 4 MiB, 1.33 at 16 MiB, 1.12 at 64 MiB. The algorithms still
+1.23 at 64 MiB; N=4: 0.93 at 4 MiB, 1.33 at 16 MiB, 1.12 at 64 MiB (those N=2 figures
+predate the pieces, which made the two copies faster than one read there). The algorithms still
 receive into a buffer and reduce from it, as on gloo: a reduction cannot read another
 process's memory in place.
 
@@ -155,25 +169,31 @@ WAITS = 1                       # word of the head's line: 1 while the sender sl
                                 # gives room back or finishes a direct read (else no ring back)
 SLICE = 0.05                    # seconds a waiter sleeps before checking its deadline again
 SPIN = 30e-6                    # seconds a waiter looks again (yielding the core) before it sleeps
+PIECE = 128 << 10               # bytes a sender copies into the ring before it publishes them, where
+                                # the receiver has a core of its own to copy them out meanwhile
 DIRECT_MIN = 4 << 20            # bytes from which a message is read straight from the sender (one copy;
                                 # the door passes COLLECTIVES_SHM_DIRECT_MIN, whose default this is)
 
 
-def cost(nbytes, capacity=DEFAULT_CAPACITY, direct_min=DIRECT_MIN):
+def cost(nbytes, capacity=DEFAULT_CAPACITY, direct_min=DIRECT_MIN, pipelined=False):
     """What one message of ``nbytes`` costs on this transport.
 
     Args:
         direct_min: the size from which a message is read straight out of the sender's
             memory (:data:`DIRECT_MIN`; None: every message through the mailbox, as on a
-            host whose kernel refuses ``process_vm_readv``).
+            host whose kernel refuses ``process_vm_readv``, or where each rank has a core).
+        pipelined: each rank of the host has a core of its own: the sender publishes each
+            :data:`PIECE` as it goes and rings once more per pass through the ring longer
+            than a piece, so that the receiver copies out while it copies in.
 
     Returns:
         dict: ``copies`` (2 through the mailbox: into it, out of it; 1 read directly),
         ``bytes_copied`` (copies x nbytes), ``pieces`` (how many times it passes through
         the ring; 1 read directly: only its record passes), ``syscalls`` (a doorbell write
         per piece to the receiver, and one back to the sender for every piece but the last,
-        which it waits for room to write; read directly: the record's ring, the read, and
-        the ring back to a sender that waits for the read).
+        which it waits for room to write, and pipelined the early ring of each pass longer
+        than a piece; read directly: the record's ring, the read, and the ring back to a
+        sender that waits for the read).
 
     Example::
 
@@ -181,12 +201,20 @@ def cost(nbytes, capacity=DEFAULT_CAPACITY, direct_min=DIRECT_MIN):
         9
         >>> cost(16 << 20)["copies"], cost(4096)["copies"]
         (1, 2)
+        >>> cost(4 << 20, direct_min=None)["syscalls"], cost(4 << 20, direct_min=None, pipelined=True)["syscalls"]
+        (5, 7)
     """
     if direct_min is not None and nbytes >= direct_min:
         return {"copies": 1, "bytes_copied": nbytes, "pieces": 1, "syscalls": 3}
     slot = _round(nbytes)
     pieces = max(1, -(-(RECORD + slot) // capacity))
-    return {"copies": 2, "bytes_copied": 2 * nbytes, "pieces": pieces, "syscalls": 2 * pieces - 1}
+    early = 0
+    if pipelined and PIECE < capacity:
+        # every pass but the last leaves the message unfinished after its first piece; the
+        # last rings early only if it holds more than one piece
+        last = RECORD + slot - capacity * (pieces - 1) - (RECORD if pieces == 1 else 0)
+        early = pieces - 1 + (last > PIECE)
+    return {"copies": 2, "bytes_copied": 2 * nbytes, "pieces": pieces, "syscalls": 2 * pieces - 1 + early}
 
 
 def _round(n):
@@ -381,6 +409,11 @@ def _check_size(recv, nbytes):
                            f"{recv.nbytes} bytes with the same tag")
 
 
+def _own_cores(local):
+    """Whether this rank and its ``local`` peers can each run on a core of their own."""
+    return len(local) + 1 <= len(os.sched_getaffinity(0))
+
+
 def _inbox_size(peers, capacity):
     return max(1, peers) * (HEADER + capacity)
 
@@ -396,6 +429,9 @@ class ShmTransport:
     def __init__(self, rank, local, pids, inbox, outboxes, bell_r, bells, pidfds, capacity, direct_min=None):
         self.rank, self.local, self.pids, self.capacity = rank, local, pids, capacity
         self.direct_min = direct_min       # messages this large are read from the sender: one copy
+        # each rank of this host has a core of its own: a receiver can copy a message out while
+        # its sender copies the rest in (else the two would only take turns on a core)
+        self.pipelined = _own_cores(local)
         self.inbox = inbox                 # peer -> Mailbox the peer writes into (in my file)
         self.outbox = outboxes             # peer -> Mailbox I write into (in the peer's file)
         self.bell_r = bell_r               # my doorbell's read end
@@ -466,7 +502,8 @@ class ShmTransport:
 
     def _push(self, peer):
         box, queue = self.outbox[peer], self.sends[peer]
-        head, moved = self.head[peer], False
+        head, moved, rung = self.head[peer], False, False
+        piece = PIECE if self.pipelined else box.capacity
         while queue:
             work = queue[0]
             free = box.capacity - (head - box.words[ALIGN // 8])
@@ -484,9 +521,23 @@ class ShmTransport:
                 head += RECORD
                 free -= RECORD
                 moved = True
-            step = _advance(box, head, work, free, into=True)
-            head += step
-            moved |= step > 0
+            while True:
+                step = _advance(box, head, work, min(free, piece), into=True)
+                if step == 0:
+                    break
+                head += step
+                free -= step
+                moved = True
+                if work.done_bytes < work.slot and piece < box.capacity:
+                    # publish this piece and wake the receiver now: it copies it out while
+                    # we copy the next (one ring per push; it looks for the rest itself)
+                    box.words[0] = self.head[peer] = head
+                    if not rung:
+                        rung = True
+                        try:
+                            os.write(self.bells[peer], b"!")
+                        except BlockingIOError:
+                            pass
             if work.done_bytes < work.slot:
                 break
             queue.popleft()
@@ -614,6 +665,8 @@ class ShmTransport:
             while True:
                 with self.lock:
                     moved = self._progress()
+                    if moved and self.pipelined:
+                        spin_until = None   # a sender copying on another core publishes more soon
                     if moved and self.waiters > 1:
                         self._ring_self()      # another thread may sleep on news this one took
                     if work.done:
@@ -767,7 +820,7 @@ class ShmTransport:
 
 
 def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, directory=DIRECTORY,
-            warn=None, direct_min=DIRECT_MIN):
+            warn=None, direct_min="auto"):
     """Set up shared memory between the ranks of one group that share a host.
 
     Args:
@@ -783,7 +836,10 @@ def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, di
         warn: called with one line when falling back (default: print to stderr).
         direct_min: messages of at least this many bytes are read straight from the
             sender's memory (one copy) where every rank of the host can read every other's;
-            None: all through the mailboxes (the door passes ``COLLECTIVES_SHM_DIRECT_MIN``).
+            None: all through the mailboxes; ``"auto"``: :data:`DIRECT_MIN` where the host's
+            ranks outnumber its cores, else None (each rank has a core: the two copies of
+            a mailbox run side by side, faster than one read). The door passes
+            ``COLLECTIVES_SHM_DIRECT_MIN``.
 
     Returns:
         (ShmTransport or None, tuple of the group ranks it reaches): None when no
@@ -798,6 +854,8 @@ def connect(rank, pids, allgather, required=False, capacity=DEFAULT_CAPACITY, di
         raise ValueError("shm.connect: pids must give this rank's own pid")
     clean_stale(directory)
     local = tuple(r for r, pid in enumerate(pids) if r != rank and pid is not None)
+    if direct_min == "auto":
+        direct_min = None if _own_cores(local) else DIRECT_MIN
     host_ranks = sorted((rank,) + local)
     pids = {r: pids[r] for r in host_ranks}
 

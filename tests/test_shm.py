@@ -79,6 +79,74 @@ def test_every_byte_arrives_read_straight_from_the_sender(n):
     assert run_world(exchange_all, n, 4096, sizes, 4000, timeout=120) == [True] * n
 
 
+def exchange_pipelined(rank, n, capacity, piece, sizes):
+    """:func:`exchange_all` with each rank on a core of its own as far as the transport knows
+    (``pipelined``): a sender publishes every ``piece`` bytes and the receiver copies them out
+    meanwhile, wrapping around a mailbox several pieces long."""
+    shm.PIECE = piece
+    real = shm.ShmTransport.__init__
+
+    def init(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.pipelined = True
+    shm.ShmTransport.__init__ = init
+    return exchange_all(rank, n, capacity, sizes)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_byte_arrives_in_pieces_published_while_the_sender_copies(n):
+    # 8 KiB mailboxes of 1 KiB pieces: 400 kB messages wrap around them ~50 times
+    sizes = [0, 1, 3, 255, 256, 257, 1000, 100_000]
+    assert run_world(exchange_pipelined, n, 8192, 1024, sizes, timeout=120) == [True] * n
+
+
+def published_while_copying(rank, n, pipelined):
+    """Rank 0 sends 600 kB through a 2 MiB mailbox; at every copy into it, where the copy
+    starts and how far its head word (the receiver's view) already reached."""
+    t, local = shm.connect(rank, local_pids(), allgather, required=True, direct_min=None)
+    t.pipelined = pipelined
+    numel = 150_000
+    if rank == 1:
+        y = torch.zeros(numel)
+        t.recv([y], 0, tag=0).wait(timeout=30)
+        return torch.equal(y, payload(0, 1, 0, numel))
+    seen, real = [], shm._advance
+
+    def advance(box, pos, work, room, into):
+        published = box.words[0]
+        moved = real(box, pos, work, room, into)
+        if into and moved:
+            seen.append((pos, published))
+        return moved
+    shm._advance = advance
+    rings, write = [], os.write
+
+    def ring(fd, data):
+        rings.append(fd)
+        return write(fd, data)
+    shm.os.write = ring
+    try:
+        t.send([payload(0, 1, 0, numel)], 1, tag=0).wait(timeout=30)
+    finally:
+        shm.os.write = write
+    return seen, rings.count(t.bells[1])
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_a_sender_publishes_each_piece_only_where_the_receiver_has_a_core(pipelined):
+    (seen, rings), received = run_world(published_while_copying, 2, pipelined)
+    assert received is True
+    # the doorbell writes the card counts: the early one and the last, or the last alone
+    assert rings == shm.cost(600_000, direct_min=None, pipelined=pipelined)["syscalls"] == 1 + pipelined
+    if pipelined:
+        # 5 pieces of 128 KiB; from the second on, a copy starts where the receiver already sees
+        assert seen == [(shm.RECORD + i * shm.PIECE, 0 if i == 0 else shm.RECORD + i * shm.PIECE)
+                        for i in range(5)]
+    else:
+        # one copy of the whole message, published once it is done
+        assert seen == [(shm.RECORD, 0)]
+
+
 def dtypes_and_order(rank, n):
     t, local = shm.connect(rank, local_pids(), allgather, required=True, capacity=1024)
     peer = 1 - rank
@@ -325,3 +393,7 @@ def test_cost_counts_pieces():
         "copies": 2, "bytes_copied": 32 << 20, "pieces": 9, "syscalls": 17}
     assert shm.cost(16 << 20, direct_min=1 << 20) == {"copies": 1, "bytes_copied": 16 << 20,
                                                       "pieces": 1, "syscalls": 3}
+    # pipelined (a core per rank): one more ring per pass through the ring longer than a piece
+    assert shm.cost(16 << 20, direct_min=None, pipelined=True)["syscalls"] == 17 + 8
+    assert shm.cost(shm.PIECE, direct_min=None, pipelined=True)["syscalls"] == 1
+    assert shm.cost(shm.PIECE + 1, direct_min=None, pipelined=True)["syscalls"] == 2
