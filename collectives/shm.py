@@ -70,7 +70,7 @@ ringing b after the first: b copies piece k out while a copies piece k+1 in, on 
 core, and a waiter that got bytes looks again for ``SPIN`` before it sleeps, since more are
 coming. The two copies then take about the time of one: one way at N=2, 75 us instead of 107
 for 256 KiB, 197 instead of 327 for 1 MiB, 2.4 ms instead of 3.9 for 16 MiB (where it also
-beats reading the sender's memory; docs/benchmarks.md, "Pieces"). NCCL's SHM transport
+beats reading the sender's memory; docs/benchmarks.md, "Two copies at once"). NCCL's SHM transport
 moves its FIFO in steps for the same reason. Where ranks share cores it would only make
 them take turns, so there a message is published whole.
 
@@ -101,8 +101,8 @@ reads off, each chunk streams through the mailbox in 3 pieces, every byte copied
 with 5 rings (3 forward, 2 back); the rings cost a few microseconds each, against ~1 ms for
 copying 4 MiB twice: memory bandwidth decides here. On 4 cores or more each chunk goes
 through the mailbox in 128 KiB pieces, r+1 copying each out while r copies the next in,
-with 7 rings (2 of them early). For a 4 KiB message the copies take ~1 us and the wake-up (a system call
-and a context switch, tens of us on a loaded machine) decides.
+with 7 rings (2 of them early). For a 4 KiB message the copies take ~1 us and the wake-up
+(a system call and a context switch, tens of us on a loaded machine) decides.
 
 **Who moves the bytes.** gloo moves its messages in its own threads, whatever the program
 does meanwhile; this transport has no thread of its own: bytes move while a thread of the
@@ -115,21 +115,21 @@ rank has messages in flight here, the door waits on gloo on a helper thread and 
 ours (:meth:`ShmTransport.wait_elsewhere`): the rule NCCL keeps with its proxy thread.
 
 **Copies per byte**, one message: shm 2 (sender into the mailbox, receiver out of it, at
-once where each rank has a core; 3 for a message moved aside because a receive behind it
-was posted first), no system call per byte, one wake-up per piece; 1 from 4 MiB where
-ranks outnumber cores (read from the sender), one system call. gloo on loopback: 2 (``write`` into the socket buffer, ``read`` out
-of it), plus TCP/IP's processing, socket-thread hand-offs in both processes, and a system
-call per ~64 KiB on each side. Why not one copy for every size: on the 2-core machine
-``process_vm_readv`` pins the sender's pages as it goes and moved 3.3 GB/s at 16 MiB
-against 4.8 GB/s for one ``memmove``, and up to messages of about 2 MiB two copies through
-a mailbox that stays in the cache are as fast or faster. ``python -m benchmarks.transports
---world-size 2,4 -b 4K -e 64M -f 4 -n 5 -w 1``, with ``COLLECTIVES_SHM_DIRECT_MIN=1M`` and
-``=off`` one after the other (docs/benchmarks.md, 2026-11-27 22:31 UTC, load 1.5-2.2): the
-ring's busbw with one copy / with two, N=2: 0.88 at 1 MiB, 0.78 at 4 MiB, 1.18 at 16 MiB,
-1.23 at 64 MiB; N=4: 0.93 at 4 MiB, 1.33 at 16 MiB, 1.12 at 64 MiB (those N=2 figures
-predate the pieces, which made the two copies faster than one read there). The algorithms still
-receive into a buffer and reduce from it, as on gloo: a reduction cannot read another
-process's memory in place.
+once where each rank has a core; 3 for a message moved aside because a receive behind it was
+posted first), no system call per byte, one wake-up per piece; 1 from 4 MiB where ranks
+outnumber cores (read from the sender), one system call. gloo on loopback: 2 (``write`` into
+the socket buffer, ``read`` out of it), plus TCP/IP's processing, socket-thread hand-offs in
+both processes, and a system call per ~64 KiB on each side. Why not one copy for every size:
+on the 2-core machine ``process_vm_readv`` pins the sender's pages as it goes and moved 3.3
+GB/s at 16 MiB against 4.8 GB/s for one ``memmove``, and up to messages of about 2 MiB two
+copies through a mailbox that stays in the cache are as fast or faster. ``python -m
+benchmarks.transports --world-size 2,4 -b 4K -e 64M -f 4 -n 5 -w 1``, with
+``COLLECTIVES_SHM_DIRECT_MIN=1M`` and ``=off`` one after the other (docs/benchmarks.md,
+2026-11-27 22:31 UTC, load 1.5-2.2): the ring's busbw with one copy / with two, N=2: 0.88 at
+1 MiB, 0.78 at 4 MiB, 1.18 at 16 MiB, 1.23 at 64 MiB; N=4: 0.93 at 4 MiB, 1.33 at 16 MiB,
+1.12 at 64 MiB (those N=2 figures predate the pieces, which made the two copies faster than
+one read there). The algorithms still receive into a buffer and reduce from it, as on gloo:
+a reduction cannot read another process's memory in place.
 
 Citation: NCCL's transports (``src/transport/shm.cc``: host-memory FIFO between
 processes of one node); the single-producer single-consumer ring of Lamport,
@@ -494,10 +494,7 @@ class ShmTransport:
                 rang |= bool(self.inbox[peer].words[WAITS])
             if rang:
                 moved = True
-                try:
-                    os.write(self.bells[peer], b"!")
-                except BlockingIOError:
-                    pass    # the FIFO is full of rings already: the peer will wake
+                self._ring(peer)
         return moved
 
     def _push(self, peer):
@@ -523,21 +520,17 @@ class ShmTransport:
                 moved = True
             while True:
                 step = _advance(box, head, work, min(free, piece), into=True)
-                if step == 0:
-                    break
                 head += step
                 free -= step
-                moved = True
-                if work.done_bytes < work.slot and piece < box.capacity:
-                    # publish this piece and wake the receiver now: it copies it out while
-                    # we copy the next (one ring per push; it looks for the rest itself)
-                    box.words[0] = self.head[peer] = head
-                    if not rung:
-                        rung = True
-                        try:
-                            os.write(self.bells[peer], b"!")
-                        except BlockingIOError:
-                            pass
+                moved |= step > 0
+                if step == 0 or work.done_bytes == work.slot or piece >= box.capacity:
+                    break
+                # publish this piece and wake the receiver now: it copies it out while we
+                # copy the next (one ring per push; it looks for the rest itself)
+                box.words[0] = self.head[peer] = head
+                if not rung:
+                    rung = True
+                    self._ring(peer)
             if work.done_bytes < work.slot:
                 break
             queue.popleft()
@@ -798,11 +791,14 @@ class ShmTransport:
                            f"Shared-memory transport")
             raise PeerDied(self.broken)
 
-    def _ring_self(self):
+    def _ring(self, rank):
         try:
-            os.write(self.bells[self.rank], b"!")
+            os.write(self.bells[rank], b"!")
         except BlockingIOError:
-            pass
+            pass    # the FIFO is full of rings already: its owner will wake
+
+    def _ring_self(self):
+        self._ring(self.rank)
 
     def _drain(self):
         try:
